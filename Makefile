@@ -1,0 +1,44 @@
+# docstream: the two set-up commands are `make run` and `make test`; both bootstrap what they need.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+JARS   := infra/kafka/lib/.fetched
+
+.PHONY: run test bench lint broker-stop clean
+
+# The virtualenv with every pinned dependency (requirements.lock) and docstream itself, editable.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+# The Kafka broker's jars, from Maven Central (see infra/kafka/pom.xml).
+$(JARS): infra/kafka/pom.xml $(STAMP)
+	$(BIN)/docstream broker fetch
+
+## run: start the local broker, ensure topics, publish the sample documents and show them flow.
+run: $(STAMP) $(JARS)
+	$(BIN)/docstream broker start
+	$(BIN)/docstream topics ensure
+	$(BIN)/docstream demo
+
+## test: the whole test suite (each test session starts its own broker on free loopback ports).
+test: $(STAMP) $(JARS)
+	$(BIN)/python -m pytest
+
+## bench: throughput ratios against raw confluent-kafka, measured side by side on one broker.
+bench: $(STAMP) $(JARS)
+	$(BIN)/python -m tests.bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check docstream producers consumers schemas infra tests
+	$(BIN)/mypy
+
+broker-stop: $(STAMP)
+	$(BIN)/docstream broker stop
+
+clean:
+	-$(BIN)/docstream broker stop
+	rm -rf $(VENV) infra/kafka/lib .docstream

@@ -1,0 +1,23 @@
+"""The `docstream` command: one Typer app, one sub-command module per area."""
+
+from __future__ import annotations
+
+import typer
+
+from docstream.cli import broker, publish, run, schemas, topics
+
+app = typer.Typer(
+    name="docstream",
+    help="A Kafka event-streaming pipeline for documents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(broker.app, name="broker", help="Run the local Kafka broker (KRaft, jars from Maven Central).")
+app.add_typer(topics.app, name="topics", help="Topics as code: ensure and describe the declared topics.")
+app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility checks.")
+app.command(name="publish")(publish.publish)
+run.register(app)
+
+
+def main() -> None:
+    app()

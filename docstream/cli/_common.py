@@ -1,0 +1,43 @@
+"""What every sub-command shares: the console, settings loading, error reporting."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from docstream.errors import DocstreamError
+from docstream.settings import Settings, load_settings
+
+console = Console(stderr=True)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def settings() -> Settings:
+    """The process settings (read from the environment once per command)."""
+    return load_settings()
+
+
+def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn a DocstreamError into a one-line red message and exit status 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except DocstreamError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+
+    return wrapper
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output goes to stdout, always as one JSON document."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

@@ -1,0 +1,76 @@
+"""The one exception tree of docstream.
+
+Foreign exceptions (confluent_kafka.KafkaException, fastavro errors, OSError from fsspec ...)
+are translated into these once, at the adapter edge that calls the foreign library.
+
+    DocstreamError
+    ├── ConfigurationError        bad settings or CLI use; the message says what to change
+    ├── BrokerError               the local broker could not be fetched, started or stopped
+    │   └── ToolMissingError      java or mvn is not installed
+    ├── KafkaError                a Kafka client call failed (translated KafkaException)
+    │   └── DeliveryError         a produced event was not acknowledged by the broker
+    ├── SchemaError               an .avsc file is invalid or a schema is unknown
+    │   └── DecodeError           an event's bytes cannot be decoded (carries coordinates)
+    ├── BlobStoreError            the blob store could not read or write an object
+    └── HandlerError              raised by a stage handler to classify a failure
+        ├── TransientError        worth retrying (via the group's retry topic)
+        └── PermanentError        never worth retrying (straight to the dead-letter topic)
+"""
+
+from __future__ import annotations
+
+
+class DocstreamError(Exception):
+    """Root of every error docstream raises on purpose."""
+
+
+class ConfigurationError(DocstreamError):
+    """Settings or command-line arguments that cannot work; the message says what to change."""
+
+
+class BrokerError(DocstreamError):
+    """The local Kafka broker could not be fetched, started or stopped."""
+
+
+class ToolMissingError(BrokerError):
+    """A program the local broker needs (java, mvn) is not installed."""
+
+
+class KafkaError(DocstreamError):
+    """A Kafka client call failed; `retriable` mirrors librdkafka's verdict."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class DeliveryError(KafkaError):
+    """The broker did not acknowledge a produced event."""
+
+
+class SchemaError(DocstreamError):
+    """An Avro schema is invalid, or an event names a schema docstream does not know."""
+
+
+class DecodeError(SchemaError):
+    """An event's bytes could not be decoded; `coordinates` says where it came from."""
+
+    def __init__(self, message: str, *, coordinates: str = "") -> None:
+        super().__init__(f"{message} at {coordinates}" if coordinates else message)
+        self.coordinates = coordinates
+
+
+class BlobStoreError(DocstreamError):
+    """The blob store could not read or write an object."""
+
+
+class HandlerError(DocstreamError):
+    """Raised by a stage handler to say how its failure should be treated."""
+
+
+class TransientError(HandlerError):
+    """A failure that may pass (a timeout, a busy dependency): the event is retried."""
+
+
+class PermanentError(HandlerError):
+    """A failure that will not pass (a broken PDF, a too large file): the event is dead-lettered."""

@@ -1,0 +1,106 @@
+"""The one typed settings object of a docstream process.
+
+Read once at process start (the CLI does it) from the environment: variables prefixed
+`DOCSTREAM_`, plus the conventional `KAFKA_*` connection variables so that docstream can be
+pointed at an existing cluster. Library code never reads the environment: it takes explicit
+arguments built from this object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RetryPolicy(BaseModel):
+    """How a group retries transient failures before it dead-letters an event.
+
+    The delay before attempt n (n >= 2) is min(initial * multiplier**(n-2), max), +/- jitter.
+    See docs/tuning.md for how to pick these from measured handling times.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_attempts: int = Field(default=4, ge=1)
+    initial_backoff_ms: int = Field(default=500, ge=0)
+    max_backoff_ms: int = Field(default=30_000, ge=0)
+    multiplier: float = Field(default=2.0, ge=1.0)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+
+
+class RuntimeSettings(BaseModel):
+    """The consumer runtime's knobs (docs/tuning.md derives them from p50/p99 handling times)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    concurrency: int = Field(default=8, ge=1, description="handler threads per worker process")
+    max_in_flight: int = Field(default=64, ge=1, description="events held per process, queued or running")
+    max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
+    session_timeout_ms: int = Field(default=45_000, ge=6_000)
+    commit_interval_ms: int = Field(default=2_000, ge=100)
+    shutdown_timeout_s: float = Field(default=30.0, ge=0.0)
+    retry: RetryPolicy = RetryPolicy()
+
+
+class Settings(BaseSettings):
+    """Everything a docstream process can be told from outside."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DOCSTREAM_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    home: Path = Field(default=Path(".docstream"), description="local state: broker data, logs, blobs")
+    bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "DOCSTREAM_BOOTSTRAP_SERVERS"),
+        description="an existing cluster; unset means the local broker managed by `docstream broker`",
+    )
+    security_protocol: str | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SECURITY_PROTOCOL", "DOCSTREAM_SECURITY_PROTOCOL")
+    )
+    sasl_mechanism: str | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SASL_MECHANISM", "DOCSTREAM_SASL_MECHANISM")
+    )
+    sasl_username: str | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SASL_USERNAME", "DOCSTREAM_SASL_USERNAME")
+    )
+    sasl_password: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SASL_PASSWORD", "DOCSTREAM_SASL_PASSWORD")
+    )
+    ssl_ca_location: str | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SSL_CA_LOCATION", "DOCSTREAM_SSL_CA_LOCATION")
+    )
+    ssl_certificate_location: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_SSL_CERTIFICATE_LOCATION", "DOCSTREAM_SSL_CERTIFICATE_LOCATION"),
+    )
+    ssl_key_location: str | None = Field(
+        default=None, validation_alias=AliasChoices("KAFKA_SSL_KEY_LOCATION", "DOCSTREAM_SSL_KEY_LOCATION")
+    )
+    local_broker_port: int = Field(default=9092, ge=1, le=65535)
+    local_controller_port: int = Field(default=9093, ge=1, le=65535)
+    schema_registry_url: str | None = None
+    blob_url: str | None = Field(default=None, description="fsspec URL; unset means <home>/blobs")
+    topic_partitions: int = Field(default=12, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    group_prefix: str = "docstream."
+    runtime: RuntimeSettings = RuntimeSettings()
+
+    @property
+    def blob_root(self) -> str:
+        return self.blob_url or str((self.home / "blobs").resolve())
+
+    @property
+    def uses_local_broker(self) -> bool:
+        return self.bootstrap_servers is None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or f"127.0.0.1:{self.local_broker_port}"
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment (call once, at process start)."""
+    return Settings()

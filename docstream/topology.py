@@ -1,0 +1,88 @@
+"""The declared topology: which topics exist, which consumer groups read them.
+
+Pure data, no Kafka. `infra.topics` turns it into real topics; the runtime and the tools use
+the names from here so that a name is written down once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DOC_UPLOADED = "doc.uploaded"
+OCR_DONE = "doc.ocr.done"
+EMBEDDED = "doc.embedded"
+THUMBNAILED = "doc.thumbnailed"
+ROLLUPS = "analytics.rollups"
+
+RESULT_TOPICS = (OCR_DONE, EMBEDDED, THUMBNAILED, ROLLUPS)
+
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One consumer group: its short name and the topics it reads."""
+
+    name: str
+    inputs: tuple[str, ...]
+
+
+GROUPS: tuple[GroupSpec, ...] = (
+    GroupSpec("ocr", (DOC_UPLOADED,)),
+    GroupSpec("embeddings", (DOC_UPLOADED, OCR_DONE)),
+    GroupSpec("thumbnails", (DOC_UPLOADED,)),
+    GroupSpec("analytics", (DOC_UPLOADED, OCR_DONE, EMBEDDED, THUMBNAILED)),
+    GroupSpec("warehouse", RESULT_TOPICS),
+)
+
+
+def group_id(name: str, prefix: str = "docstream.") -> str:
+    """The Kafka group id of a group short name (`ocr` -> `docstream.ocr`)."""
+    return f"{prefix}{name}"
+
+
+def retry_topic(group: str) -> str:
+    """The retry topic of a group id (`docstream.ocr` -> `docstream.ocr.retry`)."""
+    return f"{group}.retry"
+
+
+def dead_letter_topic(group: str) -> str:
+    """The dead-letter topic of a group id (`docstream.ocr` -> `docstream.ocr.dlq`)."""
+    return f"{group}.dlq"
+
+
+def retry_group_id(group: str) -> str:
+    """The group id under which a group's retry-topic offsets are committed."""
+    return f"{group}.retry"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A declared topic: its name, partition count and topic-level configs."""
+
+    name: str
+    partitions: int
+    configs: tuple[tuple[str, str], ...]
+
+    @property
+    def config_dict(self) -> dict[str, str]:
+        return dict(self.configs)
+
+
+def declared_topics(partitions: int = 12, prefix: str = "docstream.") -> list[TopicSpec]:
+    """Every topic docstream needs, with its configs.
+
+    Retry topics have the source's partition count so that an event's retries land on the
+    partition with the same number as the original (same key, same murmur2 hash): the worker
+    that owns a source partition also owns its retries, which keeps per-key order.
+    """
+    events = (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS)))
+    retries = (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS)))
+    dead_letters = (("cleanup.policy", "delete"), ("retention.ms", str(4 * WEEK_MS)))
+    specs = [TopicSpec(DOC_UPLOADED, partitions, events)]
+    specs += [TopicSpec(t, partitions, events) for t in RESULT_TOPICS]
+    for g in GROUPS:
+        gid = group_id(g.name, prefix)
+        specs.append(TopicSpec(retry_topic(gid), partitions, retries))
+        specs.append(TopicSpec(dead_letter_topic(gid), partitions, dead_letters))
+    return specs
