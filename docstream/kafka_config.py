@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from docstream.settings import Settings
+from docstream.settings import RuntimeSettings, Settings
 
 
 def connection_config(settings: Settings) -> dict[str, Any]:
@@ -43,4 +43,25 @@ def producer_config(connection: dict[str, Any], **overrides: Any) -> dict[str, A
         }
     )
     conf.update(overrides)
+    return conf
+
+
+def consumer_config(connection: dict[str, Any], group_id: str, runtime: RuntimeSettings) -> dict[str, Any]:
+    """An at-least-once group member: offsets are stored by the runtime after the effect."""
+    conf = dict(connection)
+    conf.update(
+        {
+            "group.id": group_id,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "auto.offset.reset": "earliest",
+            # librdkafka stores an offset when it hands a message over by default: a crash
+            # mid-handling would then skip it. The runtime stores offsets itself, after step 2.
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": True,  # commits what was *stored*, every interval
+            "auto.commit.interval.ms": runtime.commit_interval_ms,
+            "max.poll.interval.ms": runtime.max_poll_interval_ms,
+            "session.timeout.ms": runtime.session_timeout_ms,
+            "enable.partition.eof": False,
+        }
+    )
     return conf

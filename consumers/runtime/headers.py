@@ -1,0 +1,56 @@
+"""Header names of retry and dead-letter records, and their encoding (UTF-8 text values).
+
+A retried or dead-lettered record keeps the original key and value; these headers carry where
+it came from and why it moved, so that tools can show and re-drive it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ATTEMPT = "docstream.attempt"  # the attempt this record is (1 = first delivery)
+NOT_BEFORE_MS = "docstream.not-before-ms"  # a retry is not handled before this time
+ORIGINAL_TOPIC = "docstream.original.topic"
+ORIGINAL_PARTITION = "docstream.original.partition"
+ORIGINAL_OFFSET = "docstream.original.offset"
+ORIGINAL_TIMESTAMP_MS = "docstream.original.timestamp-ms"
+GROUP = "docstream.group"
+ERROR_CLASS = "docstream.error.class"
+ERROR_MESSAGE = "docstream.error.message"
+ERROR_TRACEBACK = "docstream.error.traceback"
+REDRIVE = "docstream.redrive"  # history of re-drives from the dead-letter topic (JSON list)
+
+OWN = frozenset(
+    {
+        ATTEMPT,
+        NOT_BEFORE_MS,
+        ORIGINAL_TOPIC,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+        ORIGINAL_TIMESTAMP_MS,
+        GROUP,
+        ERROR_CLASS,
+        ERROR_MESSAGE,
+        ERROR_TRACEBACK,
+    }
+)
+
+HeaderList = list[tuple[str, str | bytes | None]]
+
+
+def text(value: str | bytes | None) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
+
+
+def to_dict(headers: Iterable[tuple[str, str | bytes | None]] | None) -> dict[str, str]:
+    """Headers as text; the last value of a repeated name wins."""
+    return {name: text(value) for name, value in headers or ()}
+
+
+def passthrough(headers: Iterable[tuple[str, str | bytes | None]] | None) -> HeaderList:
+    """The headers that are not docstream's own (trace context etc.), to carry along."""
+    return [(name, value) for name, value in headers or () if name not in OWN]
+
+
+def encode(values: dict[str, str | int]) -> HeaderList:
+    return [(name, str(value).encode()) for name, value in values.items()]

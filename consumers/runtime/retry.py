@@ -1,0 +1,36 @@
+"""Retry decisions: how long to wait before attempt n, and where a failure goes. Pure."""
+
+from __future__ import annotations
+
+import random
+from enum import Enum
+
+from docstream.errors import PermanentError, SchemaError
+from docstream.settings import RetryPolicy
+
+
+class Route(Enum):
+    RETRY = "retry"
+    DEAD_LETTER = "dead-letter"
+
+
+def backoff_ms(policy: RetryPolicy, next_attempt: int, rng: random.Random) -> int:
+    """Delay before `next_attempt` (2 for the first retry): exponential, capped, jittered."""
+    if next_attempt < 2:
+        return 0
+    base = min(policy.initial_backoff_ms * policy.multiplier ** (next_attempt - 2), policy.max_backoff_ms)
+    spread = base * policy.jitter
+    return max(0, round(base + rng.uniform(-spread, spread)))
+
+
+def route(error: BaseException, attempt: int, policy: RetryPolicy) -> Route:
+    """Where an event goes after failing on `attempt` (1 = first delivery).
+
+    Permanent errors and undecodable events go straight to the dead-letter topic; anything
+    else (TransientError or an unexpected exception) is retried until `max_attempts`.
+    """
+    if isinstance(error, PermanentError | SchemaError):
+        return Route.DEAD_LETTER
+    if attempt >= policy.max_attempts:
+        return Route.DEAD_LETTER
+    return Route.RETRY
