@@ -62,6 +62,9 @@ def consumer_config(connection: dict[str, Any], group_id: str, runtime: RuntimeS
             "max.poll.interval.ms": runtime.max_poll_interval_ms,
             "session.timeout.ms": runtime.session_timeout_ms,
             "enable.partition.eof": False,
+            # A fetch already waiting on the broker delays the first fetch of a resumed
+            # partition by up to this long; pausing is routine here (a full window).
+            "fetch.wait.max.ms": runtime.fetch_wait_max_ms,
         }
     )
     return conf

@@ -40,6 +40,9 @@ class RuntimeSettings(BaseModel):
     max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
     session_timeout_ms: int = Field(default=45_000, ge=6_000)
     commit_interval_ms: int = Field(default=2_000, ge=100)
+    fetch_wait_max_ms: int = Field(
+        default=100, ge=1, description="broker long-poll; short, so a resumed partition refetches quickly"
+    )
     shutdown_timeout_s: float = Field(default=30.0, ge=0.0)
     retry: RetryPolicy = RetryPolicy()
 

@@ -22,6 +22,8 @@ class PartitionOffsets:
     def admit(self, offset: int) -> None:
         if offset <= self._highest_admitted:
             raise ValueError(f"offset {offset} admitted after {self._highest_admitted}")
+        if self._highest_admitted < 0:
+            self._stored = offset  # where the partition was read from: nothing to store yet
         self._highest_admitted = offset
         heapq.heappush(self._pending, offset)
 
