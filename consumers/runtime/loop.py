@@ -1,12 +1,13 @@
 """The consume loop every docstream worker runs: at-least-once delivery, effects keyed.
 
-`Worker.run` is the loop: poll -> admit -> dispatch -> settle -> flow control. A message is
-done only in this order, and its offset never moves before the earlier steps hold:
+`Worker.run` is the loop: poll -> admit -> settle -> flow control. The handlers run in lanes
+(consumers.runtime.lanes), one thread each. A message is done only in this order, and its
+offset never moves before the earlier steps hold:
 
     1. the handler wrote its effect (a result object under its idempotency key) and returned;
     2. every result event it emitted was acknowledged by the broker (acks=all);
        - or, when it failed: its retry / dead-letter record was acknowledged instead;
-    3. its offset is *stored* (only once every earlier offset of the partition is done);
+    3. its offset is *stored*, once every earlier offset of its partition is done;
     4. stored offsets are *committed*: periodically, on revoke and on shutdown.
 
 A crash anywhere before 3 redelivers the message; the idempotency key makes the second run
@@ -16,8 +17,8 @@ Retries go through the group's retry topic. It has the source's partition count 
 event keeps its key, so its retry lands on the partition with the same number; a second
 consumer (`_retries`, group `<group>.retry`) is assigned exactly the retry partitions whose
 numbers match the source partitions this worker owns. So the owner of a key also owns its
-retries: later events of that key wait (the key is *parked*) until the retried one is handled.
-On assignment, a source partition stays paused until the pending retries of its number have
+retries, and the key's later events wait in its lane until the retried one is handled. On
+assignment, a source partition stays paused until the pending retries of its number have
 been read, so a new owner learns which keys are waiting before it handles later events.
 """
 
@@ -29,9 +30,8 @@ import random
 import signal
 import threading
 import time
-import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,18 +39,18 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from consumers.runtime import headers as hdr
-from consumers.runtime.message import Decoder, Failure, Handler, Message
-from consumers.runtime.offsets import PartitionOffsets
+from consumers.runtime.lanes import STOP, Lane, LaneReport, Segment
+from consumers.runtime.message import Decoder, Handler, Message
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
-from consumers.runtime.window import KeyOrderedWindow
 from docstream import kafka_config
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
 TP = tuple[str, int]
-FETCH_BATCH = 500
+FETCH_BATCH = 1000
+SEGMENT_EVENTS = 100  # offsets advance a segment at a time: this bounds how far a commit lags
 
 
 @dataclass
@@ -109,23 +109,33 @@ class Worker:
             raise ConfigurationError("a worker needs at least one topic")
         self.group_id, self.topics = group_id, list(topics)
         self.retry_topic, self.dlq_topic = retry_topic(group_id), dead_letter_topic(group_id)
-        self._handler, self._decoder, self._runtime = handler, decoder, runtime
-        self._clock, self._rng = clock, rng or random.Random()
-        self._consumer = Consumer(self._consumer_config(connection, group_id, consumer_overrides))
-        self._retries = Consumer(
-            self._consumer_config(connection, retry_group_id(group_id), consumer_overrides)
-        )
+        self._runtime, self._clock, self._rng = runtime, clock, rng or random.Random()
+        conf = partial(self._consumer_config, connection, overrides=consumer_overrides)
+        self._consumer, self._retries = Consumer(conf(group_id)), Consumer(conf(retry_group_id(group_id)))
         self._producer = Producer(kafka_config.producer_config(connection, **{"linger.ms": 1}))
-        self._pool = ThreadPoolExecutor(runtime.concurrency, thread_name_prefix=f"{group_id}-handler")
-        self._window: KeyOrderedWindow[Message] = KeyOrderedWindow(runtime.max_in_flight)
-        self._offsets: dict[TP, PartitionOffsets] = {}
-        self._to_store: dict[TP, int] = {}
         self._done: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._running_runs = 0
+        self._lanes = [
+            Lane(
+                handler,
+                decoder,
+                self._context,
+                self._reroute,
+                self._parks_retries,
+                self._now_ms,
+                lambda report: self._done.put(("lane", report)),
+            )
+            for _ in range(runtime.concurrency)
+        ]
+        self._threads = [
+            threading.Thread(target=lane.run, name=f"{group_id}-lane-{i}", daemon=True)
+            for i, lane in enumerate(self._lanes)
+        ]
+        self._segments: dict[TP, deque[Segment]] = {}
+        self._to_store: dict[TP, int] = {}
+        self._in_flight = 0  # fetched, not yet settled
+        self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
         self._gates: dict[int, int] = {}  # retry partition -> end offset to read before its source runs
-        self._parked: dict[int, set[Any]] = {}  # retry partition -> keys waiting for a retry there
-        self._flow_paused = False
-        self._closing = False
+        self._flow_paused = self._closing = False
         self._stop = threading.Event()
         self.stats = RunStats()
 
@@ -133,17 +143,17 @@ class Worker:
 
     def run(self, until: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Consume until `stop()` (or SIGTERM/SIGINT via `install_signal_handlers`) or `until`."""
+        for thread in self._threads:
+            thread.start()
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         try:
             while not self._stop.is_set() and not (until and until(self.stats)):
-                messages = self._poll()  # 1. fetch no more than the window has room for
-                for raw, via_retry in messages:
-                    self._admit(raw, via_retry)  # 2. into the key-ordered window (or rewind)
-                self._dispatch()  # 3. runnable keys' runs to the handler threads
-                self._settle(block=not messages)  # 4. outcomes, acks -> store offsets
-                self._flow_control()  # 5. pause / resume; health
+                batch = self._poll()  # 1. fetch no more than the window has room for
+                self._admit(batch)  # 2. into the lanes, by key (or rewind when full)
+                self._settle(block=not batch)  # 3. lane reports and acks -> store offsets
+                self._flow_control()  # 4. pause / resume; health
         finally:
             self._shutdown()
         return self.stats
@@ -159,8 +169,8 @@ class Worker:
     # -- 1. poll ----------------------------------------------------------------------------
 
     def _poll(self) -> list[tuple[Any, bool]]:
-        room = max(1, min(self._window.free, FETCH_BATCH))
-        timeout = 0.0 if self._running_runs else 0.1
+        room = max(1, min(self._runtime.max_in_flight - self._in_flight, FETCH_BATCH))
+        timeout = 0.0 if self._outstanding else 0.1
         try:
             batch = [(m, True) for m in self._retries.consume(room, 0) if not self._skip(m)]
             room = max(1, room - len(batch))
@@ -181,62 +191,45 @@ class Worker:
 
     # -- 2. admit -------------------------------------------------------------------------
 
-    def _admit(self, raw: Any, via_retry: bool) -> None:
-        if len(self._window) >= self._window.capacity:
-            self._rewind(raw, via_retry)
+    def _admit(self, batch: list[tuple[Any, bool]]) -> None:
+        if not batch:
             return
-        message = Message(raw, via_retry)
-        tp = (message.topic, message.partition)
-        self._offsets.setdefault(tp, PartitionOffsets()).admit(message.offset)
-        key = message.ordering_key
-        returning = via_retry and key in self._parked.get(message.partition, ())
-        if returning:
-            self._parked[message.partition].discard(key)
-        self._window.admit(key, message, message.not_before_ms(), front=returning)
-        if via_retry:
-            self._open_gate(message.partition, message.offset + 1)
+        lanes = len(self._lanes)
+        chunks: list[list[Message]] = [[] for _ in range(lanes)]
+        segments: dict[TP, Segment] = {}
+        for raw, via_retry in batch:
+            tp = (raw.topic(), raw.partition())
+            if self._in_flight >= self._runtime.max_in_flight or tp not in self.stats.assigned:
+                self._rewind(raw, via_retry)
+                continue
+            segment = segments.get(tp)
+            if segment is None or segment.pending >= SEGMENT_EVENTS:
+                segment = segments[tp] = Segment(tp)
+                self._segments.setdefault(tp, deque()).append(segment)
+            segment.pending += 1
+            segment.last = raw.offset()
+            message = Message(raw, segment, via_retry)
+            chunks[hash(message.ordering_key) % lanes].append(message)
+            self._in_flight += 1
+            if via_retry:
+                self._open_gate(tp[1], segment.last + 1)
+        for lane, chunk in zip(self._lanes, chunks, strict=True):
+            if chunk:
+                self._outstanding += 1
+                lane.inbox.put(chunk)
 
     def _rewind(self, raw: Any, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
         consumer = self._retries if via_retry else self._consumer
-        consumer.seek(TopicPartition(raw.topic(), raw.partition(), raw.offset()))
+        with contextlib.suppress(KafkaException):
+            consumer.seek(TopicPartition(raw.topic(), raw.partition(), raw.offset()))
         self.stats.rewound += 1
 
-    # -- 3. dispatch ----------------------------------------------------------------------
-
-    def _dispatch(self) -> None:
-        runs = self._window.take_runs(int(self._clock() * 1000))
-        if not runs:
-            return
-        lanes = min(len(runs), self._runtime.concurrency)
-        for lane in range(lanes):
-            self._running_runs += 1
-            self._pool.submit(self._run_lane, runs[lane::lanes])
-
-    def _run_lane(self, runs: list[tuple[Any, list[Message]]]) -> None:
-        """Handler thread: each key's run in order; a failure leaves the rest of that run."""
-        report: list[tuple[Any, list[Message], Failure | None, list[Message]]] = []
-        for key, run in runs:
-            for i, message in enumerate(run):
-                try:
-                    if self._decoder is not None:
-                        message.record = self._decoder(message)
-                    self._handler(message, _EmitContext(self._producer, message, self._on_ack))
-                except Exception as exc:  # every failure is data: it goes to retry or DLQ
-                    report.append((key, run[: i + 1], Failure(exc, traceback.format_exc()), run[i + 1 :]))
-                    break
-            else:
-                report.append((key, run, None, []))
-        self._done.put(("lane", report))
-
-    def _on_ack(self, message: Message, err: Any, _msg: Any) -> None:
-        self._done.put(("ack", message, err))
-
-    # -- 4. settle ------------------------------------------------------------------------
+    # -- 3. settle (loop thread) ----------------------------------------------------------
 
     def _settle(self, block: bool) -> None:
         self._producer.poll(0)
-        timeout = 0.05 if block and self._running_runs else 0.0
+        timeout = 0.05 if block and self._outstanding else 0.0
         while True:
             try:
                 item = self._done.get(timeout=timeout) if timeout else self._done.get_nowait()
@@ -244,23 +237,25 @@ class Worker:
                 break
             timeout = 0.0
             if item[0] == "lane":
-                self._running_runs -= 1
-                for report in item[1]:
-                    self._settle_run(*report)
+                self._settle_lane(item[1])
             elif item[0] == "ack":
                 self._settle_ack(item[1], item[2])
             else:
-                self._settle_reroute(item[1], item[2])
+                self._settle_reroute(item[1], item[2], item[3])
         self._store_offsets()
 
-    def _settle_run(self, key: Any, ran: list[Message], failure: Failure | None, rest: list[Message]) -> None:
-        handled = ran[:-1] if failure else ran
-        for message in handled:
+    def _settle_lane(self, report: LaneReport) -> None:
+        self._outstanding -= 1
+        self.stats.handled += report.handled
+        for segment, count in report.settled.items():
+            self._settle_segment(segment, count)
+        for message in report.awaiting_acks:
             message.handled = True
             self._maybe_finish(message)
-        if failure:
-            self._reroute(ran[-1], failure.error, failure.traceback)
-        self._window.release(key, rest)
+        for message in report.skipped:
+            segment = message.segment
+            segment.hole = message.offset if segment.hole is None else min(segment.hole, message.offset)
+            self._settle_segment(segment, 1)
 
     def _settle_ack(self, message: Message, err: Any) -> None:
         message.acked += 1
@@ -269,75 +264,96 @@ class Worker:
         self._maybe_finish(message)
 
     def _maybe_finish(self, message: Message) -> None:
-        """Step 3 for a handled message once every result it emitted is acknowledged."""
+        """Step 3 for a handled message once every result event it emitted is acknowledged."""
         if not message.handled or message.acked < message.emitted:
             return
         if message.failure is not None:
             self._reroute(message, message.failure, "")
         else:
-            self.stats.handled += 1
-            self._finish(message)
+            self._settle_segment(message.segment, 1)
 
-    def _reroute(self, message: Message, error: BaseException, trace: str) -> None:
-        """A failed message goes to the retry topic (its key parked) or the dead-letter topic."""
-        if route(error, message.attempt, self._runtime.retry) is Route.RETRY:
-            due = int(self._clock() * 1000) + backoff_ms(self._runtime.retry, message.attempt + 1, self._rng)
+    def _settle_reroute(self, message: Message, decision: Route, err: Any) -> None:
+        if err is None:
+            if decision is Route.RETRY:
+                self.stats.retried += 1
+            else:
+                self.stats.dead_lettered += 1
+            self._settle_segment(message.segment, 1)
+            return
+        # The retry / dead-letter record was not stored: handle the message again instead.
+        message.emitted, message.acked, message.failure, message.handled = 0, 0, None, False
+        self._outstanding += 1
+        self._lanes[hash(message.ordering_key) % len(self._lanes)].inbox.put(("rehandle", message))
+
+    def _settle_segment(self, segment: Segment, count: int) -> None:
+        if segment.closed:
+            return  # its partition was revoked and handed back meanwhile
+        segment.pending -= count
+        self._in_flight -= count
+        if segment.pending:
+            return
+        queue_ = self._segments.get(segment.tp)
+        while queue_ and queue_[0].pending == 0:
+            head = queue_.popleft()
+            if head.hole is not None:  # a revoke skipped this offset: nothing after it is done
+                self._to_store[segment.tp] = head.hole
+                queue_.clear()
+                break
+            self._to_store[segment.tp] = head.last + 1
+
+    def _store_offsets(self) -> None:
+        for (topic, partition), offset in self._to_store.items():
+            consumer = self._retries if topic == self.retry_topic else self._consumer
+            with contextlib.suppress(KafkaException):  # revoked between settle and store
+                consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
+        self._to_store.clear()
+
+    # -- lane callbacks (lane threads) ----------------------------------------------------
+
+    def _context(self, message: Message) -> _EmitContext:
+        return _EmitContext(self._producer, message, self._on_ack)
+
+    def _on_ack(self, message: Message, err: Any, _msg: Any) -> None:
+        self._done.put(("ack", message, err))
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _parks_retries(self, message: Message) -> bool:
+        """Whether this worker reads the retry partition the message's retry goes to."""
+        return (self.retry_topic, message.origin[1]) in self.stats.assigned
+
+    def _reroute(self, message: Message, error: BaseException, trace: str) -> Route:
+        """Produce the retry or dead-letter record of a failed message; settled on its ack."""
+        decision = route(error, message.attempt, self._runtime.retry)
+        if decision is Route.RETRY:
+            due = self._now_ms() + backoff_ms(self._runtime.retry, message.attempt + 1, self._rng)
             record = retry_record(message, self.group_id, self.retry_topic, error, trace, due)
-            if (self.retry_topic, record.partition) in self.stats.assigned:
-                self._window.park(message.ordering_key)
-                self._parked.setdefault(record.partition, set()).add(message.ordering_key)
-            self.stats.retried += 1
         else:
             record = dead_letter_record(message, self.group_id, self.dlq_topic, error, trace)
-            self.stats.dead_lettered += 1
         self._producer.produce(
             record.topic,
             record.value,
             record.key,
             partition=record.partition,
             headers=record.headers,
-            on_delivery=partial(self._on_reroute_ack, message),
+            on_delivery=partial(self._on_reroute_ack, message, decision),
         )
+        return decision
 
-    def _on_reroute_ack(self, message: Message, err: Any, _msg: Any) -> None:
-        self._done.put(("reroute", message, err))
+    def _on_reroute_ack(self, message: Message, decision: Route, err: Any, _msg: Any) -> None:
+        self._done.put(("reroute", message, decision, err))
 
-    def _settle_reroute(self, message: Message, err: Any) -> None:
-        if err is None:
-            self._finish(message)
-            return
-        # The retry / dead-letter record was not stored: handle the message again instead.
-        message.handled, message.failure, message.emitted, message.acked = False, None, 0, 0
-        self._window.settled()
-        self._window.admit(message.ordering_key, message, front=True)
-
-    def _finish(self, message: Message) -> None:
-        tp = (message.topic, message.partition)
-        self._window.settled()
-        tracker = self._offsets.get(tp)
-        if tracker is None:  # the partition was revoked meanwhile; its new owner re-reads it
-            return
-        storable = tracker.finish(message.offset)
-        if storable is not None:
-            self._to_store[tp] = storable
-
-    def _store_offsets(self) -> None:
-        for (topic, partition), offset in self._to_store.items():
-            consumer = self._retries if topic == self.retry_topic else self._consumer
-            with contextlib.suppress(KafkaException):  # revoked between finish and store
-                consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
-        self._to_store.clear()
-
-    # -- 5. flow control ------------------------------------------------------------------
+    # -- 4. flow control ------------------------------------------------------------------
 
     def _flow_control(self) -> None:
-        full = len(self._window) >= self._window.capacity
+        full = self._in_flight >= self._runtime.max_in_flight
         if full and not self._flow_paused:
             self._set_paused(True)
-        elif self._flow_paused and len(self._window) <= self._window.capacity * 3 // 4:
+        elif self._flow_paused and self._in_flight <= self._runtime.max_in_flight * 3 // 4:
             self._set_paused(False)
-        self.stats.in_flight = len(self._window)
-        self.stats.last_loop_ms = int(self._clock() * 1000)
+        self.stats.in_flight = self._in_flight
+        self.stats.last_loop_ms = self._now_ms()
 
     def _set_paused(self, paused: bool) -> None:
         self._flow_paused = paused
@@ -360,9 +376,8 @@ class Worker:
         consumer.incremental_assign(partitions)
         self.stats.assigned |= {(tp.topic, tp.partition) for tp in partitions}
         numbers = {tp.partition for tp in partitions if tp.topic == self.topics[0]}
-        mirrored = [TopicPartition(self.retry_topic, n) for n in numbers]
-        if mirrored:
-            self._retries.incremental_assign(mirrored)
+        if numbers:
+            self._retries.incremental_assign([TopicPartition(self.retry_topic, n) for n in numbers])
             self.stats.assigned |= {(self.retry_topic, n) for n in numbers}
             self._close_gates(numbers)
         if self._flow_paused:
@@ -374,8 +389,7 @@ class Worker:
         committed = {tp.partition: tp.offset for tp in self._retries.committed(parts, timeout=10)}
         for n in numbers:
             low, high = self._retries.get_watermark_offsets(TopicPartition(self.retry_topic, n), timeout=10)
-            start = committed.get(n, -1)
-            if max(start, low) < high:
+            if max(committed.get(n, -1), low) < high:
                 self._gates[n] = high
         gated = [
             TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p in self._gates
@@ -405,31 +419,40 @@ class Worker:
         consumer.incremental_unassign(partitions)
 
     def _hand_back(self, partitions: list[Any], commit: bool) -> None:
-        """Drop queued messages of revoked partitions, finish running ones, commit, unassign."""
+        """Skip unstarted events of revoked partitions, let running ones finish, commit."""
         self.stats.rebalances += 1
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         numbers = {p for t, p in revoked if t == self.topics[0]}
         revoked |= {(self.retry_topic, n) for n in numbers}
-        self._window.drop(lambda m: (m.topic, m.partition) in revoked)
-        self._drain()
+        self._revoke(revoked, numbers)
         if commit:
             self._commit()
         for tp in revoked:
-            self._offsets.pop(tp, None)
             self.stats.assigned.discard(tp)
+            for segment in self._segments.pop(tp, ()):
+                self._in_flight -= segment.pending
+                segment.closed = True
         for n in numbers:
             self._gates.pop(n, None)
-            for key in self._parked.pop(n, set()):
-                self._window.unpark(key)
         if numbers:
             self._retries.incremental_unassign([TopicPartition(self.retry_topic, n) for n in numbers])
+
+    def _revoke(self, revoked: set[TP], retry_numbers: set[int]) -> None:
+        """Mark events of `revoked` to be skipped, tell every lane, wait until all report back."""
+        for tp in revoked:
+            for segment in self._segments.get(tp, ()):
+                segment.revoked = True
+        for lane in self._lanes:
+            self._outstanding += 1
+            lane.inbox.put(("revoke", retry_numbers))
+        self._drain()
 
     # -- shutdown -------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Let running handlers finish and every produced record be acknowledged, then settle."""
+        """Let the lanes finish what they hold and every produced record be acknowledged."""
         deadline = time.monotonic() + self._runtime.shutdown_timeout_s
-        while self._running_runs and time.monotonic() < deadline:
+        while self._outstanding and time.monotonic() < deadline:
             self._settle(block=True)
         self._producer.flush(max(0.0, deadline - time.monotonic()))
         self._settle(block=False)
@@ -442,12 +465,14 @@ class Worker:
                 consumer.commit(asynchronous=False)
 
     def _shutdown(self) -> None:
-        """Stop fetching, finish running work, commit, leave the group, flush the producer."""
+        """Stop fetching, finish running work, commit, leave the group, stop the lanes."""
         self._set_paused(True)
-        self._window.drop(lambda m: True)
-        self._drain()
+        self._revoke(set(self.stats.assigned), set())
         self._commit()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for lane in self._lanes:
+            lane.inbox.put(STOP)
+        for thread in self._threads:
+            thread.join(timeout=self._runtime.shutdown_timeout_s)
         self._closing = True
         self._retries.close()
         self._consumer.close()

@@ -1,59 +1,91 @@
-"""What a handler receives (`Message`) and what it emits results through (`Context`)."""
+"""What a handler receives (`Message`) and what it emits results through (`Context`).
+
+A `Message` wraps the client's message object and reads its fields on demand: most events
+are handled without touching their headers or timestamp, and the hot path stays lean.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consumers.runtime import headers as hdr
 
+if TYPE_CHECKING:
+    from consumers.runtime.lanes import Segment
+
 
 class Message:
-    """One event in the window: its coordinates, raw bytes, decoded record and attempt."""
+    """One event: coordinates, raw bytes, decoded record, attempt, and its settlement state."""
 
     __slots__ = (
+        "_raw",
         "acked",
         "attempt",
         "emitted",
         "failure",
         "handled",
-        "headers",
         "key",
-        "offset",
-        "origin",
-        "partition",
+        "origin_headers",
         "record",
-        "timestamp_ms",
-        "topic",
-        "value",
+        "segment",
         "via_retry",
     )
 
-    def __init__(self, raw: Any, via_retry: bool = False) -> None:
-        self.topic: str = raw.topic()
-        self.partition: int = raw.partition()
-        self.offset: int = raw.offset()
-        self.timestamp_ms: int = raw.timestamp()[1]
+    def __init__(self, raw: Any, segment: Segment, via_retry: bool = False) -> None:
+        self._raw = raw
         self.key: bytes | None = raw.key()
-        self.value: bytes | None = raw.value()
-        self.headers: hdr.HeaderList | None = raw.headers()
+        self.segment = segment
         self.via_retry = via_retry
         self.attempt = 1
-        self.origin: tuple[str, int, int, int] = (self.topic, self.partition, self.offset, self.timestamp_ms)
         self.record: Any = None
-        self.emitted = 0  # result events produced by its handler (counted by the handler thread)
+        self.emitted = 0  # result events produced by its handler (counted in the lane thread)
         self.acked = 0  # of those, acknowledged by the broker (counted by the loop)
-        self.handled = False  # the handler returned without error
+        self.handled = False  # its handler returned (set by the loop from the lane's report)
         self.failure: BaseException | None = None  # a result event that was not delivered
+        self.origin_headers: dict[str, str] = {}
         if via_retry:
-            h = hdr.to_dict(self.headers)
-            self.attempt = int(h.get(hdr.ATTEMPT, "1"))
-            self.origin = (
-                h.get(hdr.ORIGINAL_TOPIC, self.topic),
-                int(h.get(hdr.ORIGINAL_PARTITION, self.partition)),
-                int(h.get(hdr.ORIGINAL_OFFSET, self.offset)),
-                int(h.get(hdr.ORIGINAL_TIMESTAMP_MS, self.timestamp_ms)),
-            )
+            self.origin_headers = hdr.to_dict(raw.headers())
+            self.attempt = int(self.origin_headers.get(hdr.ATTEMPT, "1"))
+
+    @property
+    def topic(self) -> str:
+        return str(self._raw.topic())
+
+    @property
+    def partition(self) -> int:
+        return int(self._raw.partition())
+
+    @property
+    def offset(self) -> int:
+        return int(self._raw.offset())
+
+    @property
+    def timestamp_ms(self) -> int:
+        return int(self._raw.timestamp()[1])
+
+    @property
+    def value(self) -> bytes | None:
+        value: bytes | None = self._raw.value()
+        return value
+
+    @property
+    def headers(self) -> hdr.HeaderList | None:
+        headers: hdr.HeaderList | None = self._raw.headers()
+        return headers
+
+    @property
+    def origin(self) -> tuple[str, int, int, int]:
+        """Where the event was first published: (topic, partition, offset, timestamp_ms)."""
+        h = self.origin_headers
+        if not h:
+            return (self.topic, self.partition, self.offset, self.timestamp_ms)
+        return (
+            h.get(hdr.ORIGINAL_TOPIC, self.topic),
+            int(h.get(hdr.ORIGINAL_PARTITION, self.partition)),
+            int(h.get(hdr.ORIGINAL_OFFSET, self.offset)),
+            int(h.get(hdr.ORIGINAL_TIMESTAMP_MS, self.timestamp_ms)),
+        )
 
     @property
     def source_topic(self) -> str:
@@ -70,7 +102,7 @@ class Message:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
     def not_before_ms(self) -> int:
-        return int(hdr.to_dict(self.headers).get(hdr.NOT_BEFORE_MS, "0")) if self.via_retry else 0
+        return int(self.origin_headers.get(hdr.NOT_BEFORE_MS, "0"))
 
 
 class Context(Protocol):
@@ -89,10 +121,3 @@ class Handler(Protocol):
 
 
 Decoder = Callable[[Message], Any]
-
-
-class Failure(NamedTuple):
-    """How a message's handling failed, reported from its thread to the loop."""
-
-    error: BaseException
-    traceback: str
