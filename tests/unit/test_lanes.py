@@ -1,0 +1,133 @@
+"""Lane logic without threads or Kafka: key order, parking behind a retry, revokes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.runtime import headers as hdr
+from consumers.runtime.lanes import Lane, LaneReport, Segment
+from consumers.runtime.message import Message
+from consumers.runtime.retry import Route
+from docstream.errors import PermanentError, TransientError
+
+
+@dataclass
+class FakeRaw:
+    """A stand-in for confluent_kafka.Message (pure-logic unit tests only)."""
+
+    key_: bytes | None
+    value_: bytes
+    offset_: int
+    topic_: str = "doc.uploaded"
+    partition_: int = 0
+    headers_: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def key(self) -> bytes | None:
+        return self.key_
+
+    def value(self) -> bytes:
+        return self.value_
+
+    def offset(self) -> int:
+        return self.offset_
+
+    def topic(self) -> str:
+        return self.topic_
+
+    def partition(self) -> int:
+        return self.partition_
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1000)
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self.headers_
+
+
+class Harness:
+    def __init__(self, fail: dict[bytes, Exception] | None = None, parks: bool = True) -> None:
+        self.now = 0
+        self.handled: list[bytes] = []
+        self.rerouted: list[tuple[bytes, Route]] = []
+        self.fail = fail or {}
+        self.segment = Segment(("doc.uploaded", 0))
+        self.lane = Lane(
+            self.handle, None, lambda m: None, self.reroute, lambda m: parks, lambda: self.now, lambda r: None
+        )
+
+    def handle(self, message: Message, ctx: Any) -> None:
+        value = message.value or b""
+        if value in self.fail and message.attempt == 1:
+            raise self.fail[value]
+        self.handled.append(value)
+
+    def reroute(self, message: Message, error: BaseException, trace: str) -> Route:
+        decision = Route.DEAD_LETTER if isinstance(error, PermanentError) else Route.RETRY
+        self.rerouted.append((message.value or b"", decision))
+        return decision
+
+    def message(self, key: bytes, value: bytes, offset: int) -> Message:
+        return Message(FakeRaw(key, value, offset), self.segment)
+
+    def retried(self, key: bytes, value: bytes, offset: int, not_before: int) -> Message:
+        headers = hdr.encode({hdr.ATTEMPT: 2, hdr.NOT_BEFORE_MS: not_before, hdr.ORIGINAL_PARTITION: 0})
+        raw = FakeRaw(key, value, offset, topic_="g.retry", headers_=headers)  # type: ignore[arg-type]
+        return Message(raw, Segment(("g.retry", 0)), via_retry=True)
+
+    def process(self, *messages: Message) -> LaneReport:
+        return self.lane.process(list(messages))
+
+
+def test_a_lane_handles_its_events_in_order() -> None:
+    h = Harness()
+    report = h.process(*(h.message(b"k", b"%d" % i, i) for i in range(5)))
+    assert h.handled == [b"0", b"1", b"2", b"3", b"4"]
+    assert report.handled == 5 and report.settled == {h.segment: 5}
+
+
+def test_a_retried_key_is_parked_and_its_later_events_wait_while_others_go_on() -> None:
+    h = Harness(fail={b"k-1": TransientError("busy")})
+    h.process(h.message(b"k", b"k-1", 0), h.message(b"k", b"k-2", 1), h.message(b"o", b"o-1", 2))
+    assert h.rerouted == [(b"k-1", Route.RETRY)]
+    assert h.handled == [b"o-1"]
+    assert h.lane.parked_keys == {b"k"}
+    h.process(h.message(b"k", b"k-3", 3))
+    assert h.handled == [b"o-1"]
+    h.process(h.retried(b"k", b"k-1", 0, not_before=500))
+    assert h.handled == [b"o-1"], "a retry is not handled before its not-before time"
+    h.now = 500
+    h.process()
+    assert h.handled == [b"o-1", b"k-1", b"k-2", b"k-3"]
+    assert h.lane.parked_keys == set()
+
+
+def test_a_dead_lettered_event_does_not_park_its_key() -> None:
+    h = Harness(fail={b"bad": PermanentError("broken")})
+    h.process(h.message(b"k", b"bad", 0), h.message(b"k", b"next", 1))
+    assert h.rerouted == [(b"bad", Route.DEAD_LETTER)] and h.handled == [b"next"]
+
+
+def test_without_the_retry_partition_a_key_is_not_parked() -> None:
+    h = Harness(fail={b"k-1": TransientError("busy")}, parks=False)
+    h.process(h.message(b"k", b"k-1", 0), h.message(b"k", b"k-2", 1))
+    assert h.handled == [b"k-2"]
+
+
+def test_a_revoke_skips_unstarted_events_and_releases_keys_waiting_on_moved_retries() -> None:
+    h = Harness(fail={b"k-1": TransientError("busy")})
+    other = Segment(("doc.ocr.done", 0))
+    late = Message(FakeRaw(b"k", b"k-ocr", 7, topic_="doc.ocr.done"), other)
+    h.process(h.message(b"k", b"k-1", 0), h.message(b"k", b"k-2", 1), late)
+    h.segment.revoked = True
+    report = h.lane.process(("revoke", {0}))
+    assert [m.value for m in report.skipped] == [b"k-2"]
+    assert h.handled == [b"k-ocr"], "events of partitions kept run once their key stops waiting"
+    assert h.lane.parked_keys == set()
+
+
+def test_events_of_a_revoked_segment_are_reported_skipped() -> None:
+    h = Harness()
+    h.segment.revoked = True
+    report = h.process(h.message(b"k", b"x", 0))
+    assert h.handled == [] and [m.offset for m in report.skipped] == [0]
