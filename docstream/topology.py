@@ -69,20 +69,30 @@ class TopicSpec:
         return dict(self.configs)
 
 
-def declared_topics(partitions: int = 12, prefix: str = "docstream.") -> list[TopicSpec]:
-    """Every topic docstream needs, with its configs.
+RETENTION = {
+    "events": (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS))),
+    "retries": (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS))),
+    "dead_letters": (("cleanup.policy", "delete"), ("retention.ms", str(4 * WEEK_MS))),
+}
+
+
+def group_topics(gid: str, partitions: int) -> list[TopicSpec]:
+    """The retry and dead-letter topics of one group id.
 
     Retry topics have the source's partition count so that an event's retries land on the
     partition with the same number as the original (same key, same murmur2 hash): the worker
     that owns a source partition also owns its retries, which keeps per-key order.
     """
-    events = (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS)))
-    retries = (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS)))
-    dead_letters = (("cleanup.policy", "delete"), ("retention.ms", str(4 * WEEK_MS)))
-    specs = [TopicSpec(DOC_UPLOADED, partitions, events)]
-    specs += [TopicSpec(t, partitions, events) for t in RESULT_TOPICS]
+    return [
+        TopicSpec(retry_topic(gid), partitions, RETENTION["retries"]),
+        TopicSpec(dead_letter_topic(gid), partitions, RETENTION["dead_letters"]),
+    ]
+
+
+def declared_topics(partitions: int = 12, prefix: str = "docstream.") -> list[TopicSpec]:
+    """Every topic docstream needs, with its configs."""
+    specs = [TopicSpec(DOC_UPLOADED, partitions, RETENTION["events"])]
+    specs += [TopicSpec(t, partitions, RETENTION["events"]) for t in RESULT_TOPICS]
     for g in GROUPS:
-        gid = group_id(g.name, prefix)
-        specs.append(TopicSpec(retry_topic(gid), partitions, retries))
-        specs.append(TopicSpec(dead_letter_topic(gid), partitions, dead_letters))
+        specs += group_topics(group_id(g.name, prefix), partitions)
     return specs

@@ -1,0 +1,113 @@
+"""Benchmark: the consumer runtime with a no-op handler against a raw confluent-kafka loop.
+
+Both read the same pre-produced topic from the beginning under fresh group ids, with the
+same at-least-once discipline: an offset is stored only after its message was handled, and
+stored offsets are committed by librdkafka's periodic auto-commit. Rounds alternate so that
+noise on a shared machine hits both sides alike; the median of each side is compared.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumers.runtime import Context, Message, Worker
+from docstream import kafka_config
+from docstream.settings import RuntimeSettings
+
+PARTITIONS = 12
+VALUE = b"x" * 300  # about the size of an encoded doc.uploaded event
+RUNTIME = RuntimeSettings(concurrency=4, max_in_flight=2000)
+
+
+def _prepare(bootstrap: str, n: int) -> str:
+    topic = f"bench-consume-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [topic] + [f"{topic}.group.{kind}" for kind in ("retry", "dlq")]
+    for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in names]).values():
+        future.result()
+    producer = Producer(kafka_config.producer_config({"bootstrap.servers": bootstrap}))
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, VALUE, f"doc-{i}".encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+    producer.flush(60)
+    return topic
+
+
+def _raw(bootstrap: str, topic: str, n: int) -> float:
+    conf = kafka_config.consumer_config({"bootstrap.servers": bootstrap}, f"raw-{uuid.uuid4().hex}", RUNTIME)
+    consumer = Consumer(conf)
+    consumer.subscribe([topic])
+    handled, started = 0, 0.0
+    while handled < n:
+        for msg in consumer.consume(500, 0.1):
+            if msg.error() is not None:
+                continue
+            started = started or time.perf_counter()
+            _noop(msg)
+            consumer.store_offsets(msg)
+            handled += 1
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return n / elapsed
+
+
+def _noop(_msg: Any) -> None:
+    return None
+
+
+def _ours(bootstrap: str, topic: str, n: int) -> float:
+    def handle(message: Message, ctx: Context) -> None:
+        return None
+
+    group = f"{topic}.group"
+    worker = Worker(
+        group_id=group, topics=[topic], handler=handle, connection={"bootstrap.servers": bootstrap}, runtime=RUNTIME
+    )
+    # The runtime's group id is fixed per topic (its retry/DLQ topics exist once); a fresh
+    # position per round comes from resetting the committed offsets to the beginning.
+    started = [0.0]
+
+    def until(stats: Any) -> bool:
+        if stats.fetched and not started[0]:
+            started[0] = time.perf_counter()
+        return bool(stats.handled >= n)
+
+    worker.run(until=until)
+    elapsed = time.perf_counter() - started[0]
+    _reset(bootstrap, group, topic)
+    return n / elapsed
+
+
+def _reset(bootstrap: str, group: str, topic: str) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    parts = [TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
+    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, parts)])[group].result()
+
+
+def run(bootstrap: str, n: int = 100_000, rounds: int = 3) -> dict[str, Any]:
+    topic = _prepare(bootstrap, n)
+    raw, ours = [], []
+    for _ in range(rounds):
+        raw.append(_raw(bootstrap, topic, n))
+        ours.append(_ours(bootstrap, topic, n))
+    raw_eps, ours_eps = statistics.median(raw), statistics.median(ours)
+    return {
+        "name": "consumer runtime (no-op handler) vs raw confluent-kafka loop",
+        "events": n,
+        "rounds": rounds,
+        "raw_eps": round(raw_eps),
+        "ours_eps": round(ours_eps),
+        "ratio": round(ours_eps / raw_eps, 3),
+    }
