@@ -51,7 +51,11 @@ class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
     model_config = SettingsConfigDict(
-        env_prefix="DOCSTREAM_", env_nested_delimiter="__", frozen=True, extra="ignore"
+        env_prefix="DOCSTREAM_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+        populate_by_name=True,  # Settings(bootstrap_servers=...) works as well as the env aliases
     )
 
     home: Path = Field(default=Path(".docstream"), description="local state: broker data, logs, blobs")

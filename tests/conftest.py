@@ -1,0 +1,128 @@
+"""Fixtures shared by every test: one real Kafka cluster per session, settings, topics.
+
+Where the session's Kafka comes from:
+
+- `KAFKA_BOOTSTRAP_SERVERS` set: that cluster (SASL/SSL settings come from the KAFKA_* variables);
+- `DOCSTREAM_TEST_KAFKA=testcontainers`: a confluentinc/cp-kafka container in KRaft mode, when a
+  Docker engine answers (the Kafka tests are skipped when none does);
+- otherwise: a `LocalBroker` on two free loopback ports in a temporary directory (the jars are
+  fetched once into infra/kafka/lib). A machine without java/mvn skips the Kafka tests, except in
+  CI (`CI` set), where that is a failure.
+
+Every test that uses a Kafka fixture gets the `kafka` marker (`pytest -m "not kafka"` skips them).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from docstream.errors import BrokerError, ToolMissingError
+from docstream.kafka_config import connection_config
+from docstream.settings import Settings
+from docstream.topology import TopicSpec
+from infra.broker import LocalBroker, free_port
+from infra.topics import delete_topics, ensure_topics
+
+CP_KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9, KRaft; testcontainers drives cp-kafka only
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def kafka_jars(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lib dir with the broker's jars, fetched once; skips without java/mvn (fails in CI)."""
+    broker = LocalBroker(tmp_path_factory.mktemp("jars"))
+    try:
+        broker.fetch_jars()
+    except ToolMissingError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no local Kafka broker: {exc}")
+    return broker.lib_dir
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The bootstrap servers of the session's Kafka cluster (see the module docstring)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    elif os.environ.get("DOCSTREAM_TEST_KAFKA") == "testcontainers":
+        yield from _container_kafka()
+    else:
+        request.getfixturevalue("kafka_jars")
+        yield from _local_kafka(tmp_path_factory.mktemp("kafka"))
+
+
+def _local_kafka(work_dir: Path) -> Iterator[str]:
+    try:
+        broker = _started_broker(work_dir / "broker")
+    except BrokerError:  # another process may have taken a free port before Kafka bound it
+        broker = _started_broker(work_dir / "broker-retry")
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop(timeout=15)
+
+
+def _started_broker(work_dir: Path) -> LocalBroker:
+    broker = LocalBroker(work_dir, broker_port=free_port(), controller_port=free_port())
+    broker.start(timeout=90)
+    return broker
+
+
+def _container_kafka() -> Iterator[str]:
+    try:
+        import docker  # installed with testcontainers
+
+        docker.from_env().ping()
+    except Exception as exc:
+        pytest.skip(f"DOCSTREAM_TEST_KAFKA=testcontainers, but no Docker engine answers: {exc}")
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = KafkaContainer(CP_KAFKA_IMAGE).with_kraft()
+    with container.with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false") as kafka:
+        yield kafka.get_bootstrap_server()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, kafka_bootstrap: str) -> Settings:
+    """Settings pointing at the session's cluster, with local state under tmp_path."""
+    # Passed by its alias: Settings has no populate_by_name, so `bootstrap_servers=` would be dropped.
+    built = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, home=tmp_path / "home", topic_partitions=3)
+    assert built.bootstrap_servers == kafka_bootstrap
+    return built
+
+
+@pytest.fixture
+def admin_conf(settings: Settings) -> dict[str, Any]:
+    """The configuration dict for an AdminClient (or any client) on the session's cluster."""
+    return connection_config(settings)
+
+
+@pytest.fixture
+def new_topic(admin_conf: dict[str, Any], settings: Settings) -> Iterator[Callable[..., str]]:
+    """A factory: `new_topic(partitions=1, prefix="t")` creates a uniquely named topic whose
+    partitions all have a leader, and returns its name. The topics are deleted afterwards."""
+    created: list[str] = []
+
+    def create(partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        ensure_topics(admin_conf, [TopicSpec(name, partitions, ())],
+                      replication_factor=settings.replication_factor)
+        created.append(name)
+        return name
+
+    yield create
+    delete_topics(admin_conf, created)
