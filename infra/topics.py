@@ -51,8 +51,13 @@ REPLICATION_FACTOR = "replication.factor"
 K = TypeVar("K")
 T = TypeVar("T")
 # Retriable in Kafka's protocol, though librdkafka's admin results do not flag them so.
-LEADERSHIP_MOVING = frozenset(
-    {ConfluentKafkaError.NOT_LEADER_FOR_PARTITION, ConfluentKafkaError.LEADER_NOT_AVAILABLE}
+LEADERSHIP_MOVING = frozenset(  # "not yet" answers right after a topic is created
+    {
+        ConfluentKafkaError.NOT_LEADER_FOR_PARTITION,
+        ConfluentKafkaError.LEADER_NOT_AVAILABLE,
+        ConfluentKafkaError.UNKNOWN_LEADER_EPOCH,  # "Leader epoch is newer than broker epoch"
+        ConfluentKafkaError.FENCED_LEADER_EPOCH,
+    }
 )
 EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]  # factory lacks annotations
 LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # factory lacks annotations
