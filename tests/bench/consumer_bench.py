@@ -71,7 +71,11 @@ def _ours(bootstrap: str, topic: str, n: int) -> float:
 
     group = f"{topic}.group"
     worker = Worker(
-        group_id=group, topics=[topic], handler=handle, connection={"bootstrap.servers": bootstrap}, runtime=RUNTIME
+        group_id=group,
+        topics=[topic],
+        handler=handle,
+        connection={"bootstrap.servers": bootstrap},
+        runtime=RUNTIME,
     )
     # The runtime's group id is fixed per topic (its retry/DLQ topics exist once); a fresh
     # position per round comes from resetting the committed offsets to the beginning.

@@ -1,0 +1,132 @@
+"""Delivery outcomes: what the broker said about one produced event.
+
+`DeliveryFuture` is settled by librdkafka's delivery report, which runs inside whatever
+thread calls the producer's `poll`/`flush`. It is deliberately lean (see
+tests/bench/publisher_bench.py): no condition variable, no lock on the settle path, and the
+`DeliveryResult` is built only when someone asks for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError as ConfluentKafkaError
+from confluent_kafka import Message
+
+from docstream.errors import DeliveryError
+
+log = logging.getLogger(__name__)
+
+Poll = Callable[[float], object]
+DeliveryCallback = Callable[["DeliveryFuture"], None]
+
+# Guards only the rare race between add_done_callback and settling; never taken per event.
+_CALLBACKS_LOCK = threading.Lock()
+WAIT_SLICE_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """Where the broker stored an event, and how long the acknowledgement took."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    latency_s: float
+
+
+def delivery_result(msg: Message) -> DeliveryResult:
+    """The result carried by a successful delivery report."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise DeliveryError(f"a delivery report without coordinates: {topic}[{partition}]@{offset}")
+    return DeliveryResult(topic, partition, offset, msg.timestamp()[1], msg.latency() or 0.0)
+
+
+def delivery_error(err: ConfluentKafkaError, msg: Message) -> DeliveryError:
+    """A failed delivery report, as docstream's error."""
+    return DeliveryError(
+        f"event for topic {msg.topic()!r} was not delivered: {err.str()} ({err.name()})",
+        retriable=bool(err.retriable()),
+    )
+
+
+class DeliveryFuture:
+    """The outcome of one produced event: a `DeliveryResult` or a `DeliveryError`.
+
+    Thread-safe, and lighter than `concurrent.futures.Future` (whose per-instance condition
+    variable costs more than producing the event). `result()` and `exception()` serve the
+    producer's delivery reports while they wait, so they never hang for want of a poller.
+    Callbacks run on the thread that serves the report; an exception in one is logged.
+    """
+
+    __slots__ = ("_callbacks", "_err", "_msg", "_poll")
+
+    def __init__(self, poll: Poll, callback: DeliveryCallback | None = None) -> None:
+        self._poll = poll
+        self._msg: Message | None = None
+        self._err: ConfluentKafkaError | None = None
+        self._callbacks: list[DeliveryCallback] | None = None if callback is None else [callback]
+
+    def done(self) -> bool:
+        return self._msg is not None
+
+    def result(self, timeout: float | None = None) -> DeliveryResult:
+        """The delivery result; raises DeliveryError, or TimeoutError after `timeout` seconds."""
+        msg = self._wait(timeout) if self._msg is None else self._msg
+        if self._err is not None:
+            raise delivery_error(self._err, msg)
+        return delivery_result(msg)
+
+    def exception(self, timeout: float | None = None) -> DeliveryError | None:
+        """The delivery error, or None when the event was delivered."""
+        msg = self._wait(timeout) if self._msg is None else self._msg
+        return None if self._err is None else delivery_error(self._err, msg)
+
+    def add_done_callback(self, fn: DeliveryCallback) -> None:
+        """Call `fn(self)` once the outcome is known (at once if it already is)."""
+        with _CALLBACKS_LOCK:
+            pending = self._msg is None
+            if pending:
+                self._callbacks = [*(self._callbacks or ()), fn]
+        if not pending:
+            _run_callback(fn, self)
+        elif self._msg is not None:  # settled between the check and the append
+            self._run_callbacks()
+
+    def __call__(self, err: ConfluentKafkaError | None, msg: Message) -> None:
+        """librdkafka's delivery report (the future is passed as produce's `on_delivery`,
+        which spares a bound method per event). `_err` is set before `_msg`, which marks it done."""
+        if err is not None:
+            self._err = err
+        self._msg = msg
+        if self._callbacks is not None:
+            self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        with _CALLBACKS_LOCK:
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            _run_callback(fn, self)
+
+    def _wait(self, timeout: float | None) -> Message:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._msg is None:
+            remaining = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no delivery report within {timeout} s")
+            self._poll(min(remaining, WAIT_SLICE_S))
+        return self._msg
+
+
+def _run_callback(fn: DeliveryCallback, future: DeliveryFuture) -> None:
+    # A failing user callback must not break the poll loop that other events depend on.
+    try:
+        fn(future)
+    except Exception:
+        log.exception("delivery callback %r raised", fn)

@@ -1,0 +1,404 @@
+"""The publisher SDK: durable, keyed events onto Kafka, and documents into the pipeline.
+
+`Publisher` is the adapter edge between docstream and confluent-kafka's producer: every
+`KafkaException` is translated here into `docstream.errors.KafkaError`, and a failed delivery
+becomes a `DeliveryError`.
+
+Two ways to learn an event's fate:
+- `publish_raw` is fire-and-forget (the lean path, measured by tests/bench/publisher_bench.py):
+  a failed delivery is remembered and raised by the next `flush()` or `close()`, so a caller
+  that flushes before committing its own progress never loses an event silently;
+- `publish_raw_async` / `publish_async` return a `DeliveryFuture`, `publish` and
+  `publish_document` block until the broker acknowledged the event.
+
+Delivery reports are served without a background thread: each produce calls `poll(0)`, and
+whoever waits for an outcome (`publish`, `DeliveryFuture.result`, `flush`) polls until it has it.
+
+    with Publisher.from_settings(settings) as publisher:
+        doc = publisher.publish_document(Path("invoice.pdf"), tenant="acme")
+        print(doc.document_id, doc.delivery.partition, doc.delivery.offset)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaError as ConfluentKafkaError
+from confluent_kafka import KafkaException, Message, Producer
+
+from docstream.blobstore import BlobStore
+from docstream.errors import ConfigurationError, DeliveryError, KafkaError
+from docstream.kafka_config import connection_config, producer_config
+from docstream.settings import Settings
+from docstream.topology import DOC_UPLOADED
+from producers.delivery import WAIT_SLICE_S, DeliveryCallback, DeliveryFuture, DeliveryResult, delivery_error
+from producers.events import (
+    DOC_UPLOADED_EVENT,
+    RandomBytes,
+    doc_uploaded_record,
+    guess_content_type,
+    new_document_id,
+    new_traceparent,
+)
+from schemas.codec import Codec, make_codec
+
+log = logging.getLogger(__name__)
+
+Headers = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]  # as produce() takes them
+Clock = Callable[[], datetime]
+
+_KEPT_FAILURES = 10  # failed fire-and-forget deliveries described in flush()'s error
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedDocument:
+    """A document stored in the blob store and announced on `doc.uploaded`."""
+
+    document_id: str
+    tenant: str
+    content_sha256: str
+    size_bytes: int
+    content_type: str
+    blob_uri: str
+    stored: bool  # False: the same content was already in the blob store (deduplicated)
+    traceparent: str
+    delivery: DeliveryResult
+
+
+def _translate(exc: KafkaException, doing: str) -> KafkaError:
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, ConfluentKafkaError):
+        return KafkaError(f"{doing}: {err.str()} ({err.name()})", retriable=bool(err.retriable()))
+    return KafkaError(f"{doing}: {exc}")
+
+
+def _read_document(data: bytes | Path) -> tuple[bytes, str | None]:
+    if isinstance(data, Path):
+        return data.read_bytes(), data.name
+    return data, None
+
+
+def _key_bytes(key: str | bytes | None, record: Mapping[str, Any]) -> bytes:
+    """The event key: an explicit key, else the record's document id, as UTF-8."""
+    if key is None:
+        key = record.get("document_id")
+        if not isinstance(key, str) or not key:
+            raise ValueError("the record has no document_id; pass key= explicitly")
+    return key if isinstance(key, bytes) else key.encode("utf-8")
+
+
+class Publisher:
+    """A durable, idempotent, Java-compatibly keyed Kafka producer for docstream events.
+
+    `connection` is `docstream.kafka_config.connection_config(settings)`. The codec is needed
+    by `publish`/`publish_async` (not by the raw methods); the blob store by
+    `publish_document`. `clock` and `random_bytes` supply `uploaded_at`, document ids and
+    trace ids. `overrides` are extra librdkafka settings (e.g. `message.timeout.ms`).
+    Thread-safe: any number of threads may publish through one instance.
+    """
+
+    def __init__(
+        self,
+        connection: Mapping[str, Any],
+        *,
+        codec: Codec | None = None,
+        blobs: BlobStore | None = None,
+        linger_ms: int = 5,
+        batch_messages: int = 10_000,
+        batch_bytes: int = 1_000_000,
+        compression: str = "lz4",
+        overrides: Mapping[str, Any] | None = None,
+        clock: Clock = utc_now,
+        random_bytes: RandomBytes = os.urandom,
+    ) -> None:
+        self._config: dict[str, Any] = producer_config(
+            dict(connection),
+            **{
+                "linger.ms": linger_ms,
+                "batch.num.messages": batch_messages,
+                "batch.size": batch_bytes,
+                "compression.type": compression,
+                **(overrides or {}),
+            },
+        )
+        self._codec = codec
+        self._blobs = blobs
+        self._clock = clock
+        self._random_bytes = random_bytes
+        self._failed: list[DeliveryError] = []
+        self._failed_count = 0
+        self._closed = False
+        try:
+            self._producer = Producer({**self._config, "error_cb": _log_client_error})
+        except KafkaException as exc:
+            raise _translate(exc, "cannot create the Kafka producer") from exc
+        # Bound once, so that the per-event path allocates no method objects.
+        self._produce = self._producer.produce
+        self._serve = self._producer.poll
+        self._poll_method = self.poll
+        self._on_unwatched = self._record_unwatched_delivery
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> Publisher:
+        """A publisher wired from the process settings: connection, codec and blob store."""
+        return cls(
+            connection_config(settings),
+            codec=make_codec(settings.schema_registry_url),
+            blobs=BlobStore(settings.blob_root),
+            **options,
+        )
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The librdkafka settings this publisher's producer runs with (a copy)."""
+        return dict(self._config)
+
+    # -- the per-event paths ------------------------------------------------------------
+
+    def publish_raw(self, topic: str, key: bytes, value: bytes, headers: Headers | None = None) -> None:
+        """Produce pre-encoded bytes, fire-and-forget: a failed delivery is raised by `flush()`."""
+        self._send(topic, key, value, headers, self._on_unwatched)
+
+    def publish_raw_async(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: Headers | None = None,
+        *,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> DeliveryFuture:
+        """Produce pre-encoded bytes; the future settles with the broker's acknowledgement."""
+        future = DeliveryFuture(self._poll_method, on_delivery)
+        self._send(topic, key, value, headers, future)  # the future is its own delivery callback
+        return future
+
+    def _send(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: Headers | None,
+        on_delivery: Callable[[ConfluentKafkaError | None, Message], None],
+    ) -> None:
+        """The one produce path. A full local queue is waited out by serving delivery
+        reports (bounded: queued events are acknowledged or time out, `message.timeout.ms`)."""
+        while True:
+            try:
+                if headers is None:  # passing headers=None costs librdkafka a header list per event
+                    self._produce(topic, value, key, on_delivery=on_delivery)
+                else:
+                    self._produce(topic, value, key, on_delivery=on_delivery, headers=headers)
+                break
+            except BufferError:
+                self._serve(WAIT_SLICE_S)
+            except KafkaException as exc:
+                raise _translate(exc, f"cannot produce to {topic!r}") from exc
+            except RuntimeError as exc:  # confluent-kafka's "Producer has been closed"
+                raise ConfigurationError("this publisher is closed") from exc
+        self._serve(0)
+
+    def publish_async(
+        self,
+        event_type: str,
+        record: Mapping[str, Any],
+        *,
+        topic: str | None = None,
+        key: str | bytes | None = None,
+        headers: Headers | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> DeliveryFuture:
+        """Encode `record` as `event_type` and produce it, keyed by its `document_id`.
+
+        The topic defaults to the event type (docstream's topics are named after their events).
+        """
+        topic = topic or event_type
+        value = self._require_codec().encode(event_type, record, topic=topic)
+        return self.publish_raw_async(topic, _key_bytes(key, record), value, headers, on_delivery=on_delivery)
+
+    def publish(
+        self,
+        event_type: str,
+        record: Mapping[str, Any],
+        *,
+        topic: str | None = None,
+        key: str | bytes | None = None,
+        headers: Headers | None = None,
+        timeout: float | None = None,
+    ) -> DeliveryResult:
+        """`publish_async`, then wait for the acknowledgement; raises DeliveryError."""
+        future = self.publish_async(event_type, record, topic=topic, key=key, headers=headers)
+        return future.result(timeout)
+
+    # -- documents ----------------------------------------------------------------------
+
+    def publish_document(
+        self,
+        data: bytes | Path,
+        *,
+        tenant: str,
+        content_type: str | None = None,
+        document_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        source: str | None = None,
+        topic: str = DOC_UPLOADED,
+        timeout: float | None = None,
+    ) -> PublishedDocument:
+        """Store a document's content (once per distinct content), then publish `doc.uploaded`.
+
+        In this order, so that no event ever points at a missing blob:
+        1. store the content in the blob store under its sha256;
+        2. publish the event and wait for the broker's acknowledgement.
+        When step 2 fails the content stays stored; harmless, a retry finds it there.
+        """
+        content, name = _read_document(data)
+        stored = self._require_blobs().put_content(content)
+        traceparent = new_traceparent(self._random_bytes)
+        record = doc_uploaded_record(
+            document_id=new_document_id(self._random_bytes) if document_id is None else document_id,
+            tenant=tenant,
+            content=stored,
+            content_type=content_type or guess_content_type(content, name),
+            uploaded_at=self._clock(),
+            traceparent=traceparent,
+            attributes=attributes,
+            source=source,
+        )
+        delivery = self.publish(DOC_UPLOADED_EVENT, record, topic=topic, timeout=timeout)
+        return PublishedDocument(
+            document_id=record["document_id"],
+            tenant=tenant,
+            content_sha256=stored.sha256,
+            size_bytes=stored.size,
+            content_type=record["content_type"],
+            blob_uri=stored.uri,
+            stored=stored.created,
+            traceparent=traceparent,
+            delivery=delivery,
+        )
+
+    # -- servicing, checks and shutdown -------------------------------------------------
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve pending delivery reports (futures settle, callbacks run); returns how many."""
+        try:
+            served: int = self._serve(timeout)
+        except KafkaException as exc:
+            raise _translate(exc, "cannot serve delivery reports") from exc
+        except RuntimeError as exc:
+            raise ConfigurationError("this publisher is closed") from exc
+        return served
+
+    def check_topic(self, topic: str, timeout: float = 10.0) -> int:
+        """Fail fast: the broker answers and `topic` exists. Returns its partition count."""
+        try:
+            metadata = self._producer.list_topics(topic, timeout=timeout)
+        except KafkaException as exc:
+            raise _translate(exc, f"cannot reach Kafka at {self._config['bootstrap.servers']}") from exc
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None:
+            reason = described.error.str() if described is not None and described.error else "absent"
+            raise KafkaError(f"topic {topic!r} is not available ({reason}); create it first "
+                             "(`docstream topics ensure` creates the declared topics)")
+        return len(described.partitions)
+
+    def pending(self) -> int:
+        """Events produced but not yet acknowledged (or failed)."""
+        return len(self._producer)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every produced event is acknowledged or failed.
+
+        Raises DeliveryError when fire-and-forget events failed since the last flush, and
+        KafkaError (retriable) when events are still unacknowledged after `timeout` seconds.
+        """
+        try:
+            remaining: int = self._producer.flush(timeout)
+        except KafkaException as exc:
+            raise _translate(exc, "cannot flush the producer") from exc
+        except RuntimeError as exc:
+            raise ConfigurationError("this publisher is closed") from exc
+        self._raise_unwatched_failures()
+        if remaining:
+            raise KafkaError(f"{remaining} events still unacknowledged after {timeout} s", retriable=True)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush, then release the producer (idempotent).
+
+        Events still unacknowledged after `timeout` are purged (their futures fail) and
+        reported as a DeliveryError, as are failed fire-and-forget events."""
+        if self._closed:
+            return
+        self._closed = True
+        remaining = self._producer.flush(timeout)
+        if remaining:
+            self._producer.purge()
+            self._producer.flush(0)
+        self._producer.close()
+        self._raise_unwatched_failures()
+        if remaining:
+            raise DeliveryError(f"{remaining} events not acknowledged within {timeout} s; purged")
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except DeliveryError as close_error:  # the original exception is the one to propagate
+            log.error("while handling %r: %s", exc, close_error)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _record_unwatched_delivery(self, err: ConfluentKafkaError | None, msg: Message) -> None:
+        """Delivery report of a fire-and-forget event: remember failures for flush()."""
+        if err is not None:
+            self._failed_count += 1
+            if len(self._failed) < _KEPT_FAILURES:
+                self._failed.append(delivery_error(err, msg))
+
+    def _raise_unwatched_failures(self) -> None:
+        if not self._failed_count:
+            return
+        count, failed = self._failed_count, self._failed
+        self._failed_count, self._failed = 0, []
+        described = "; ".join(dict.fromkeys(str(e) for e in failed))
+        retriable = all(e.retriable for e in failed)
+        raise DeliveryError(f"{count} events were not delivered: {described}", retriable=retriable)
+
+    def _require_codec(self) -> Codec:
+        if self._codec is None:
+            raise ConfigurationError("this publisher has no codec; pass codec= to publish records")
+        return self._codec
+
+    def _require_blobs(self) -> BlobStore:
+        if self._blobs is None:
+            raise ConfigurationError("this publisher has no blob store; pass blobs= to publish documents")
+        return self._blobs
+
+
+def _log_client_error(err: ConfluentKafkaError) -> None:
+    """librdkafka's client-level errors. It reconnects on its own, so a refused connection is
+    a debug line; losing every broker, authentication and fatal errors are worth more."""
+    if err.fatal():
+        log.error("kafka producer: fatal: %s (%s)", err.str(), err.name())
+    elif err.code() == ConfluentKafkaError._TRANSPORT:
+        log.debug("kafka producer: %s", err.str())
+    else:
+        log.warning("kafka producer: %s (%s)", err.str(), err.name())

@@ -1,0 +1,109 @@
+"""docstream.blobstore: content stored once by sha256, results written once and atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from docstream.blobstore import BlobStore
+from docstream.errors import BlobStoreError
+from docstream.idempotency import idempotency_key
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_content_is_stored_under_its_sha256(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    stored = store.put_content(b"%PDF-1.7 hello")
+    digest = hashlib.sha256(b"%PDF-1.7 hello").hexdigest()
+    assert stored.sha256 == digest
+    assert stored.size == len(b"%PDF-1.7 hello")
+    assert stored.created
+    assert stored.uri == f"{tmp_path}/content/{digest[:2]}/{digest}"
+    assert store.get(stored.uri) == b"%PDF-1.7 hello"
+
+
+def test_the_same_content_is_stored_once(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    first = store.put_content(b"same bytes")
+    second = store.put_content(b"same bytes")
+    assert first.uri == second.uri
+    assert (first.created, second.created) == (True, False)
+    assert len(_files(tmp_path)) == 1
+
+
+def test_different_content_gets_different_objects(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    a, b = store.put_content(b"a"), store.put_content(b"b")
+    assert a.uri != b.uri
+    assert len(_files(tmp_path)) == 2
+
+
+def test_empty_content_is_a_valid_object(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    stored = store.put_content(b"")
+    assert store.get(stored.uri) == b""
+    assert stored.size == 0
+
+
+def test_put_result_writes_once_and_keeps_the_first(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    key = idempotency_key(hashlib.sha256(b"doc").hexdigest(), "ocr", "v1")
+    assert not store.has_result("ocr", key)
+    assert store.put_result("ocr", key, b'{"text": "first"}') is True
+    assert store.put_result("ocr", key, b'{"text": "second"}') is False
+    assert store.has_result("ocr", key)
+    path = tmp_path / store.result_path("ocr", key)
+    assert path.read_bytes() == b'{"text": "first"}'
+
+
+def test_results_are_separate_per_stage_and_suffix(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    key = "ab" + "0" * 62
+    assert store.put_result("ocr", key, b"1")
+    assert store.put_result("thumbnails", key, b"2", suffix="png")
+    assert store.has_result("thumbnails", key, suffix="png")
+    assert not store.has_result("thumbnails", key)
+
+
+def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    for i in range(5):
+        store.put_content(f"doc {i}".encode())
+        store.put_result("ocr", f"{i:02d}" + "f" * 62, b"{}")
+    store.put_content(b"doc 0")  # a dedupe hit writes nothing
+    names = [p.name for p in tmp_path.rglob("*")]
+    assert not [n for n in names if n.startswith(".tmp-")]
+    assert len(_files(tmp_path)) == 10
+
+
+def test_memory_filesystem_url_works() -> None:
+    root = f"memory://docstream-test-{uuid.uuid4().hex}"
+    store = BlobStore(root)
+    stored = store.put_content(b"in memory")
+    assert stored.uri.startswith("memory://")
+    assert store.get(stored.uri) == b"in memory"
+    assert not store.put_content(b"in memory").created
+    assert store.put_result("ocr", "cd" + "1" * 62, b"r")
+    fs = fsspec.filesystem("memory")
+    leftovers = [p for p in fs.find(root.removeprefix("memory://")) if "/.tmp-" in p]
+    assert leftovers == []
+
+
+def test_reading_a_missing_object_is_a_blob_store_error(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    with pytest.raises(BlobStoreError, match="cannot read"):
+        store.get(f"{tmp_path}/content/00/{'0' * 64}")
+
+
+def test_an_unwritable_root_is_a_blob_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(BlobStoreError):
+        BlobStore(str(blocker / "blobs"))
