@@ -341,11 +341,14 @@ class Publisher:
         if self._closed:
             return
         self._closed = True
-        remaining = self._producer.flush(timeout)
-        if remaining:
-            self._producer.purge()
-            self._producer.flush(0)
-        self._producer.close()
+        try:
+            remaining = self._producer.flush(timeout)
+            if remaining:
+                self._producer.purge()
+                self._producer.flush(0)
+            self._producer.close()
+        except KafkaException as exc:
+            raise _translate(exc, "cannot close the producer") from exc
         self._raise_unwatched_failures()
         if remaining:
             raise DeliveryError(f"{remaining} events not acknowledged within {timeout} s; purged")
@@ -361,7 +364,7 @@ class Publisher:
             return
         try:
             self.close()
-        except DeliveryError as close_error:  # the original exception is the one to propagate
+        except KafkaError as close_error:  # the original exception is the one to propagate
             log.error("while handling %r: %s", exc, close_error)
 
     # -- internals ----------------------------------------------------------------------

@@ -151,6 +151,20 @@ def test_fire_and_forget_raw_events_are_all_there_after_flush(
     assert all(m.headers() == [("origin", b"test")] for m in messages)
 
 
+def test_a_full_local_queue_is_waited_out_not_an_error(
+    settings: Settings, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=3)
+    tiny_queue = {"queue.buffering.max.messages": 5}
+    with Publisher(connection_config(settings), overrides=tiny_queue) as pub:
+        futures = [pub.publish_raw_async(topic, f"k{i}".encode(), b"v") for i in range(100)]
+        for i in range(100):
+            pub.publish_raw(topic, f"k{i}".encode(), b"v")
+        pub.flush(timeout=30)
+        assert all(f.exception(timeout=0) is None for f in futures)
+    consume(settings, topic, 200)
+
+
 def test_the_same_content_twice_is_two_events_and_one_blob(
     publisher: Publisher, settings: Settings, new_topic: Callable[..., str], codec: Codec
 ) -> None:
