@@ -37,8 +37,9 @@ class BlobStore:
             raise BlobStoreError(f"cannot create blob store root {url}: {exc}") from exc
 
     def uri(self, path: str) -> str:
-        full = f"{self._root}/{path}"
-        return full if self._protocol in ("file", "local") else f"{self._protocol}://{full}"
+        """A full URL of an object in this store (`file:///...` for a local folder)."""
+        protocol = "file" if self._protocol in ("file", "local") else self._protocol
+        return f"{protocol}://{self._root}/{path}"
 
     def _path(self, uri: str) -> str:
         return uri.split("://", 1)[1] if "://" in uri else uri

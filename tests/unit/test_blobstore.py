@@ -25,7 +25,7 @@ def test_content_is_stored_under_its_sha256(tmp_path: Path) -> None:
     assert stored.sha256 == digest
     assert stored.size == len(b"%PDF-1.7 hello")
     assert stored.created
-    assert stored.uri == f"{tmp_path}/content/{digest[:2]}/{digest}"
+    assert stored.uri == f"file://{tmp_path}/content/{digest[:2]}/{digest}"
     assert store.get(stored.uri) == b"%PDF-1.7 hello"
 
 
