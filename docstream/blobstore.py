@@ -8,6 +8,7 @@ only if absent, so a repeated computation never produces a second effect.
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from dataclasses import dataclass
 
@@ -69,6 +70,18 @@ class BlobStore:
         except (OSError, ValueError) as exc:
             raise BlobStoreError(f"cannot read {uri}: {exc}") from exc
 
+    @staticmethod
+    def _link_once(tmp: str, final: str) -> bool:
+        """Publish `tmp` as `final` unless it exists: a hard link fails atomically if it does,
+        so of two writers racing for one key exactly one reports the effect as created."""
+        try:
+            os.link(tmp, final)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
     def _write_once(self, rel: str, data: bytes) -> bool:
         final = f"{self._root}/{rel}"
         try:
@@ -79,7 +92,9 @@ class BlobStore:
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             with self._fs.open(tmp, "wb") as f:
                 f.write(data)
-            # A rename is atomic on local disks; object stores make a put visible atomically.
+            if self._protocol in ("file", "local"):
+                return self._link_once(tmp, final)
+            # Object stores make a put visible atomically (last writer wins, same content).
             self._fs.mv(tmp, final)
             return True
         except OSError as exc:

@@ -107,3 +107,15 @@ def test_an_unwritable_root_is_a_blob_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(BlobStoreError):
         BlobStore(str(blocker / "blobs"))
+
+
+def test_racing_writers_of_one_key_create_the_effect_exactly_once(tmp_path: Path) -> None:
+    """Many threads write the same result at once: one of them reports it created."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = BlobStore(str(tmp_path))
+    key = "ab" * 32
+    with ThreadPoolExecutor(8) as pool:
+        created = list(pool.map(lambda _: store.put_result("race", key, b"same"), range(64)))
+    assert created.count(True) == 1
+    assert not [p for p in (tmp_path / "results" / "race").rglob(".tmp-*")]
