@@ -1,14 +1,14 @@
 """The at-least-once consumer runtime every docstream worker runs on.
 
-loop.py      the consume loop: poll -> admit -> dispatch -> settle -> flow control
-window.py    the bounded in-flight window with key-ordered concurrency (pure)
-offsets.py   which offset may be stored, given out-of-order completions (pure)
+loop.py      the consume loop: poll -> admit -> settle -> flow control; rebalances
+lanes.py     key-ordered concurrency: one handler thread per lane, parked keys
+message.py   the Context a handler gets with each message; Event, a message held on to
 retry.py     backoff and failure classification (pure)
+routing.py   the retry and dead-letter records of a failed message (pure)
 headers.py   retry / dead-letter header names and their encoding
-message.py   what a handler receives, and the context it emits results through
 """
 
 from consumers.runtime.loop import RunStats, Worker
-from consumers.runtime.message import Context, Handler, Message
+from consumers.runtime.message import Context, Event, Handler
 
-__all__ = ["Context", "Handler", "Message", "RunStats", "Worker"]
+__all__ = ["Context", "Event", "Handler", "RunStats", "Worker"]

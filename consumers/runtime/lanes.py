@@ -10,7 +10,8 @@ and is handled, or is dead-lettered. Retried events wait for their not-before ti
 without holding up the lane either.
 
 `Lane.process` is the lane's logic, callable directly (the unit tests do); `Lane.run` is the
-thread body around it.
+thread body around it. Handlers get the client's message as it is and a `LaneContext`; an
+`Event` is made only for the few messages a lane has to hold on to.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import queue
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from consumers.runtime.message import Decoder, Handler, Message
+from consumers.runtime import headers as hdr
+from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.retry import Route
 
 
@@ -46,12 +49,71 @@ class LaneReport:
     """What one `process` call did, sent from the lane thread to the loop."""
 
     settled: dict[Segment, int] = field(default_factory=dict)  # handled, no result events
-    awaiting_acks: list[Message] = field(default_factory=list)  # handled, result events in flight
-    skipped: list[Message] = field(default_factory=list)  # of revoked partitions, not handled
+    awaiting_acks: list[Event] = field(default_factory=list)  # handled, result events in flight
+    skipped: list[Event] = field(default_factory=list)  # of revoked partitions, not handled
     handled: int = 0
 
 
-Reroute = Callable[[Message, BaseException, str], Route]  # produce retry / DLQ record, say which
+@dataclass
+class Chunk:
+    """Events for one lane from one poll: the messages, each one's segment, and their source."""
+
+    messages: list[Any] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    via_retry: bool = False
+
+
+class LaneContext:
+    """The `Context` a lane's handler gets, bound to the message being handled."""
+
+    __slots__ = ("_on_ack", "_producer", "event", "raw", "record", "segment", "via_retry")
+
+    def __init__(self, producer: Any, on_ack: Callable[[Event, Any, Any], None]) -> None:
+        self._producer, self._on_ack = producer, on_ack
+        self.raw: Any = None
+        self.segment: Segment | None = None
+        self.via_retry = False
+        self.event: Event | None = None
+        self.record: Any = None
+
+    def bind(self, raw: Any, segment: Segment, via_retry: bool, event: Event | None) -> None:
+        self.raw, self.segment, self.via_retry, self.event, self.record = raw, segment, via_retry, event, None
+
+    def held(self) -> Event:
+        """The message as an `Event` (made on first need: a retry's headers, an emit, a failure)."""
+        if self.event is None:
+            assert self.segment is not None
+            self.event = Event(self.raw, self.segment, self.via_retry)
+        return self.event
+
+    @property
+    def attempt(self) -> int:
+        return self.held().attempt if self.via_retry else 1
+
+    @property
+    def origin(self) -> tuple[str, int, int, int]:
+        return self.held().origin
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.raw.topic()}[{self.raw.partition()}]@{self.raw.offset()}"
+
+    def emit(
+        self, topic: str, key: bytes | None, value: bytes, headers: hdr.HeaderList | None = None
+    ) -> None:
+        event = self.held()
+        event.emitted += 1
+        callback = partial(self._on_ack, event)
+        extra = {"headers": headers} if headers else {}  # headers=None costs 1-2 us per produce
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=callback, **extra)
+                return
+            except BufferError:  # the producer's queue is full: let deliveries drain, try again
+                self._producer.poll(0.05)
+
+
+Reroute = Callable[[Event, BaseException, str], Route]  # produce retry / DLQ record, say which
 STOP = object()
 
 
@@ -62,9 +124,9 @@ class Lane:
         self,
         handler: Handler,
         decoder: Decoder | None,
-        context: Callable[[Message], Any],
+        context: LaneContext,
         reroute: Reroute,
-        parks_retries: Callable[[Message], bool],
+        parks_retries: Callable[[Event], bool],
         clock_ms: Callable[[], int],
         report: Callable[[LaneReport], None],
     ) -> None:
@@ -72,9 +134,9 @@ class Lane:
         self._handler, self._decoder, self._context = handler, decoder, context
         self._reroute, self._parks_retries = reroute, parks_retries
         self._clock_ms, self._report = clock_ms, report
-        self._waiting: dict[Any, list[Message]] = {}  # parked key -> its events behind the retry
+        self._waiting: dict[Any, list[Event]] = {}  # parked key -> its events behind the retry
         self._parked_on: dict[Any, int] = {}  # parked key -> the retry partition it waits on
-        self._delayed: list[tuple[int, int, Message]] = []  # (not_before_ms, seq, retried event)
+        self._delayed: list[tuple[int, int, Event]] = []  # (not_before_ms, seq, retried event)
         self._seq = itertools.count()
 
     def run(self) -> None:
@@ -86,71 +148,91 @@ class Lane:
             try:
                 item = self.inbox.get(timeout=timeout)
             except queue.Empty:
-                item = []
+                item = Chunk()
             if item is STOP:
                 return
             self._report(self.process(item))
 
-    def process(self, item: list[Message] | tuple[str, Any]) -> LaneReport:
+    def process(self, item: Chunk | tuple[str, Any]) -> LaneReport:
         """Handle a chunk of events (or a notice), then any retries that came due.
 
         Notices: ("revoke", retry partition numbers) after a rebalance took partitions away;
-        ("rehandle", message) when a failed message's retry record could not be produced.
+        ("rehandle", event) when a failed event's retry record could not be produced.
         """
         report = LaneReport()
-        if isinstance(item, tuple) and item[0] == "revoke":
+        if isinstance(item, Chunk):
+            self._run(item, report)
+        elif item[0] == "revoke":
             self._forget(item[1], report)
-        elif isinstance(item, tuple):
-            self._rehandle(item[1], report)
         else:
-            for message in item:
-                self._offer(message, report)
+            self._rehandle(item[1], report)
         now = self._clock_ms()
         while self._delayed and self._delayed[0][0] <= now:
-            self._handle(heapq.heappop(self._delayed)[2], report)
+            self._handle_event(heapq.heappop(self._delayed)[2], report)
         return report
 
     @property
     def parked_keys(self) -> set[Any]:
         return set(self._waiting)
 
-    def _offer(self, message: Message, report: LaneReport) -> None:
-        key = message.ordering_key
-        if message.via_retry:
-            due = message.not_before_ms()
+    def _run(self, chunk: Chunk, report: LaneReport) -> None:
+        """The hot path: most events are handled straight from the client's message."""
+        if chunk.via_retry:
+            for raw, segment in zip(chunk.messages, chunk.segments, strict=True):
+                self._offer(Event(raw, segment, True), report)
+            return
+        waiting = self._waiting
+        for raw, segment in zip(chunk.messages, chunk.segments, strict=True):
+            if waiting and raw.key() in waiting:
+                waiting[raw.key()].append(Event(raw, segment, False))
+            else:
+                self._handle(raw, segment, False, None, report)
+
+    def _offer(self, event: Event, report: LaneReport) -> None:
+        key = event.ordering_key
+        if event.via_retry:
+            due = event.not_before_ms()
             if due > self._clock_ms():
-                heapq.heappush(self._delayed, (due, next(self._seq), message))
-                self._park(key, message.partition)  # later events of the key wait for it
+                heapq.heappush(self._delayed, (due, next(self._seq), event))
+                self._park(key, event.raw.partition())  # later events of the key wait for it
                 return
         elif key in self._waiting:
-            self._waiting[key].append(message)
+            self._waiting[key].append(event)
             return
-        self._handle(message, report)
+        self._handle_event(event, report)
 
-    def _handle(self, message: Message, report: LaneReport) -> None:
-        if message.segment.revoked:
-            report.skipped.append(message)  # its partition's new owner reads it again
+    def _handle_event(self, event: Event, report: LaneReport) -> None:
+        self._handle(event.raw, event.segment, event.via_retry, event, report)
+
+    def _handle(
+        self, raw: Any, segment: Segment, via_retry: bool, event: Event | None, report: LaneReport
+    ) -> None:
+        if segment.revoked:
+            report.skipped.append(event or Event(raw, segment, via_retry))  # the new owner reads it again
             return
+        ctx = self._context
+        ctx.bind(raw, segment, via_retry, event)
         try:
             if self._decoder is not None:
-                message.record = self._decoder(message)
-            self._handler(message, self._context(message))
+                ctx.record = self._decoder(raw, ctx)
+            self._handler(raw, ctx)
         except Exception as exc:  # every failure is data: it goes to retry or DLQ
-            self._failed(message, exc, traceback.format_exc(), report)
+            self._failed(ctx.held(), exc, traceback.format_exc(), report)
             return
         report.handled += 1
-        if message.emitted:
-            report.awaiting_acks.append(message)
+        held = ctx.event
+        if held is not None and held.emitted:
+            report.awaiting_acks.append(held)
         else:
-            report.settled[message.segment] = report.settled.get(message.segment, 0) + 1
-        if message.via_retry:
-            self._release(message.ordering_key, report)
+            report.settled[segment] = report.settled.get(segment, 0) + 1
+        if via_retry:
+            self._release(ctx.held().ordering_key, report)
 
-    def _failed(self, message: Message, error: BaseException, trace: str, report: LaneReport) -> None:
-        key = message.ordering_key
-        if self._reroute(message, error, trace) is Route.RETRY and self._parks_retries(message):
-            self._park(key, message.origin[1])
-        elif message.via_retry:
+    def _failed(self, event: Event, error: BaseException, trace: str, report: LaneReport) -> None:
+        key = event.ordering_key
+        if self._reroute(event, error, trace) is Route.RETRY and self._parks_retries(event):
+            self._park(key, event.origin[1])
+        elif event.via_retry:
             self._release(key, report)
 
     def _park(self, key: Any, retry_partition: int) -> None:
@@ -160,14 +242,14 @@ class Lane:
     def _release(self, key: Any, report: LaneReport) -> None:
         """The retried event of `key` is done: its waiting events run now, in order."""
         self._parked_on.pop(key, None)
-        for message in self._waiting.pop(key, ()):
-            self._offer(message, report)
+        for event in self._waiting.pop(key, ()):
+            self._offer(event, report)
 
-    def _rehandle(self, message: Message, report: LaneReport) -> None:
-        key = message.ordering_key
+    def _rehandle(self, event: Event, report: LaneReport) -> None:
+        key = event.ordering_key
         waiting = self._waiting.pop(key, [])
         self._parked_on.pop(key, None)
-        self._handle(message, report)
+        self._handle_event(event, report)
         for later in waiting:
             self._offer(later, report)
 

@@ -38,9 +38,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from consumers.runtime import headers as hdr
-from consumers.runtime.lanes import STOP, Lane, LaneReport, Segment
-from consumers.runtime.message import Decoder, Handler, Message
+from consumers.runtime.lanes import STOP, Chunk, Lane, LaneContext, LaneReport, Segment
+from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from docstream import kafka_config
@@ -51,6 +50,7 @@ from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 TP = tuple[str, int]
 FETCH_BATCH = 1000
 SEGMENT_EVENTS = 100  # offsets advance a segment at a time: this bounds how far a commit lags
+PAUSE_AFTER_MS = 200  # a window full this long pauses fetching
 
 
 @dataclass
@@ -66,27 +66,6 @@ class RunStats:
     in_flight: int = 0
     last_loop_ms: int = 0
     assigned: set[TP] = field(default_factory=set)
-
-
-class _EmitContext:
-    """The `Context` a handler gets: emits go through the worker's producer, acks come back."""
-
-    __slots__ = ("_message", "_on_ack", "_producer")
-
-    def __init__(self, producer: Any, message: Message, on_ack: Callable[..., None]) -> None:
-        self._producer, self._message, self._on_ack = producer, message, on_ack
-
-    def emit(
-        self, topic: str, key: bytes | None, value: bytes, headers: hdr.HeaderList | None = None
-    ) -> None:
-        self._message.emitted += 1
-        callback = partial(self._on_ack, self._message)
-        while True:
-            try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)
-                return
-            except BufferError:  # the producer's queue is full: let deliveries drain, try again
-                self._producer.poll(0.05)
 
 
 class Worker:
@@ -118,7 +97,7 @@ class Worker:
             Lane(
                 handler,
                 decoder,
-                self._context,
+                LaneContext(self._producer, self._on_ack),
                 self._reroute,
                 self._parks_retries,
                 self._now_ms,
@@ -135,7 +114,9 @@ class Worker:
         self._in_flight = 0  # fetched, not yet settled
         self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
         self._gates: dict[int, int] = {}  # retry partition -> end offset to read before its source runs
+        self._retry_numbers: set[int] = set()  # retry partitions assigned to `_retries`
         self._flow_paused = self._closing = False
+        self._full_since = 0  # when the window became full (ms), 0 while it has room
         self._stop = threading.Event()
         self.stats = RunStats()
 
@@ -150,9 +131,10 @@ class Worker:
         )
         try:
             while not self._stop.is_set() and not (until and until(self.stats)):
-                batch = self._poll()  # 1. fetch no more than the window has room for
-                self._admit(batch)  # 2. into the lanes, by key (or rewind when full)
-                self._settle(block=not batch)  # 3. lane reports and acks -> store offsets
+                retried, fresh = self._poll()  # 1. fetch no more than the window has room for
+                self._admit(retried, via_retry=True)  # 2. into the lanes, by key
+                self._admit(fresh, via_retry=False)
+                self._settle(block=not (retried or fresh))  # 3. lane reports, acks -> store offsets
                 self._flow_control()  # 4. pause / resume; health
         finally:
             self._shutdown()
@@ -168,53 +150,64 @@ class Worker:
 
     # -- 1. poll ----------------------------------------------------------------------------
 
-    def _poll(self) -> list[tuple[Any, bool]]:
-        room = max(1, min(self._runtime.max_in_flight - self._in_flight, FETCH_BATCH))
+    def _poll(self) -> tuple[list[Any], list[Any]]:
+        """Retry-topic events and source events, together no more than the window has room for."""
+        room = min(self._runtime.max_in_flight - self._in_flight, FETCH_BATCH)
+        if room <= 0:
+            if not self._flow_paused:
+                return [], []  # full for a moment: let the lanes catch up (see _flow_control)
+            for raw in self._consumer.consume(1, 0.05):  # paused: serves rebalances, heartbeats
+                self._rewind(raw, via_retry=False)  # fetched before the pause took effect
+            return [], []
         timeout = 0.0 if self._outstanding else 0.1
         try:
-            batch = [(m, True) for m in self._retries.consume(room, 0) if not self._skip(m)]
-            room = max(1, room - len(batch))
-            batch += [(m, False) for m in self._consumer.consume(room, timeout) if not self._skip(m)]
+            retried = self._retries.consume(room, 0) if self._retry_numbers else []
+            fresh = self._consumer.consume(max(1, room - len(retried)), timeout)
         except KafkaException as exc:
             raise KafkaError(f"{self.group_id}: consume failed: {exc}") from exc
-        self.stats.fetched += len(batch)
-        return batch
+        return retried, fresh
 
     @staticmethod
     def _skip(raw: Any) -> bool:
+        """An error event instead of a message: partition EOF and the like; fatal ones raise."""
         error = raw.error()
-        if error is None:
-            return False
         if error.fatal():
             raise KafkaError(f"fatal consumer error: {error}")
-        return True  # partition EOF and other informational events
+        return True
 
     # -- 2. admit -------------------------------------------------------------------------
 
-    def _admit(self, batch: list[tuple[Any, bool]]) -> None:
-        if not batch:
-            return
+    def _admit(self, messages: list[Any], via_retry: bool) -> None:
+        """Cut the batch into segments per partition and hand each event to its key's lane."""
         lanes = len(self._lanes)
-        chunks: list[list[Message]] = [[] for _ in range(lanes)]
+        chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
         segments: dict[TP, Segment] = {}
-        for raw, via_retry in batch:
-            tp = (raw.topic(), raw.partition())
-            if self._in_flight >= self._runtime.max_in_flight or tp not in self.stats.assigned:
-                self._rewind(raw, via_retry)
+        admitted = 0
+        for raw in messages:
+            if raw.error() is not None and self._skip(raw):
                 continue
+            tp = (raw.topic(), raw.partition())
             segment = segments.get(tp)
             if segment is None or segment.pending >= SEGMENT_EVENTS:
+                if tp not in self.stats.assigned:  # fetched just before a revoke: not ours now
+                    self._rewind(raw, via_retry)
+                    continue
                 segment = segments[tp] = Segment(tp)
                 self._segments.setdefault(tp, deque()).append(segment)
             segment.pending += 1
-            segment.last = raw.offset()
-            message = Message(raw, segment, via_retry)
-            chunks[hash(message.ordering_key) % lanes].append(message)
-            self._in_flight += 1
-            if via_retry:
-                self._open_gate(tp[1], segment.last + 1)
+            segment.last = offset = raw.offset()
+            key = raw.key()
+            chunk = chunks[(offset if key is None else hash(key)) % lanes]
+            chunk.messages.append(raw)
+            chunk.segments.append(segment)
+            admitted += 1
+        self._in_flight += admitted
+        self.stats.fetched += admitted
+        if via_retry:
+            for (_, number), segment in segments.items():
+                self._open_gate(number, segment.last + 1)
         for lane, chunk in zip(self._lanes, chunks, strict=True):
-            if chunk:
+            if chunk.messages:
                 self._outstanding += 1
                 lane.inbox.put(chunk)
 
@@ -249,30 +242,30 @@ class Worker:
         self.stats.handled += report.handled
         for segment, count in report.settled.items():
             self._settle_segment(segment, count)
-        for message in report.awaiting_acks:
-            message.handled = True
-            self._maybe_finish(message)
-        for message in report.skipped:
-            segment = message.segment
-            segment.hole = message.offset if segment.hole is None else min(segment.hole, message.offset)
+        for event in report.awaiting_acks:
+            event.handled = True
+            self._maybe_finish(event)
+        for event in report.skipped:
+            segment, offset = event.segment, event.raw.offset()
+            segment.hole = offset if segment.hole is None else min(segment.hole, offset)
             self._settle_segment(segment, 1)
 
-    def _settle_ack(self, message: Message, err: Any) -> None:
-        message.acked += 1
+    def _settle_ack(self, event: Event, err: Any) -> None:
+        event.acked += 1
         if err is not None:
-            message.failure = KafkaError(f"result event not delivered: {err}", retriable=True)
-        self._maybe_finish(message)
+            event.failure = KafkaError(f"result event not delivered: {err}", retriable=True)
+        self._maybe_finish(event)
 
-    def _maybe_finish(self, message: Message) -> None:
-        """Step 3 for a handled message once every result event it emitted is acknowledged."""
-        if not message.handled or message.acked < message.emitted:
+    def _maybe_finish(self, event: Event) -> None:
+        """Step 3 for a handled event once every result event it emitted is acknowledged."""
+        if not event.handled or event.acked < event.emitted:
             return
-        if message.failure is not None:
-            self._reroute(message, message.failure, "")
+        if event.failure is not None:
+            self._reroute(event, event.failure, "")
         else:
-            self._settle_segment(message.segment, 1)
+            self._settle_segment(event.segment, 1)
 
-    def _settle_reroute(self, message: Message, decision: Route, err: Any) -> None:
+    def _settle_reroute(self, message: Event, decision: Route, err: Any) -> None:
         if err is None:
             if decision is Route.RETRY:
                 self.stats.retried += 1
@@ -310,20 +303,17 @@ class Worker:
 
     # -- lane callbacks (lane threads) ----------------------------------------------------
 
-    def _context(self, message: Message) -> _EmitContext:
-        return _EmitContext(self._producer, message, self._on_ack)
-
-    def _on_ack(self, message: Message, err: Any, _msg: Any) -> None:
-        self._done.put(("ack", message, err))
+    def _on_ack(self, event: Event, err: Any, _msg: Any) -> None:
+        self._done.put(("ack", event, err))
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _parks_retries(self, message: Message) -> bool:
+    def _parks_retries(self, message: Event) -> bool:
         """Whether this worker reads the retry partition the message's retry goes to."""
         return (self.retry_topic, message.origin[1]) in self.stats.assigned
 
-    def _reroute(self, message: Message, error: BaseException, trace: str) -> Route:
+    def _reroute(self, message: Event, error: BaseException, trace: str) -> Route:
         """Produce the retry or dead-letter record of a failed message; settled on its ack."""
         decision = route(error, message.attempt, self._runtime.retry)
         if decision is Route.RETRY:
@@ -341,19 +331,29 @@ class Worker:
         )
         return decision
 
-    def _on_reroute_ack(self, message: Message, decision: Route, err: Any, _msg: Any) -> None:
+    def _on_reroute_ack(self, message: Event, decision: Route, err: Any, _msg: Any) -> None:
         self._done.put(("reroute", message, decision, err))
 
     # -- 4. flow control ------------------------------------------------------------------
 
     def _flow_control(self) -> None:
-        full = self._in_flight >= self._runtime.max_in_flight
-        if full and not self._flow_paused:
+        """Pause every partition once the window has stayed full for PAUSE_AFTER_MS.
+
+        A window that is full for a moment (fast handlers) only skips a fetch: pausing would
+        cost a refetch of up to fetch.wait.max.ms on resume. One that stays full (slow handlers)
+        is paused, so that the loop can keep polling for rebalances without fetching more.
+        """
+        now = self._now_ms()
+        if self._in_flight < self._runtime.max_in_flight:
+            self._full_since = 0
+        elif not self._full_since:
+            self._full_since = now
+        if not self._flow_paused and self._full_since and now - self._full_since >= PAUSE_AFTER_MS:
             self._set_paused(True)
         elif self._flow_paused and self._in_flight <= self._runtime.max_in_flight * 3 // 4:
             self._set_paused(False)
         self.stats.in_flight = self._in_flight
-        self.stats.last_loop_ms = self._now_ms()
+        self.stats.last_loop_ms = now
 
     def _set_paused(self, paused: bool) -> None:
         self._flow_paused = paused
@@ -379,6 +379,7 @@ class Worker:
         if numbers:
             self._retries.incremental_assign([TopicPartition(self.retry_topic, n) for n in numbers])
             self.stats.assigned |= {(self.retry_topic, n) for n in numbers}
+            self._retry_numbers |= numbers
             self._close_gates(numbers)
         if self._flow_paused:
             self._set_paused(True)
@@ -436,6 +437,7 @@ class Worker:
             self._gates.pop(n, None)
         if numbers:
             self._retries.incremental_unassign([TopicPartition(self.retry_topic, n) for n in numbers])
+            self._retry_numbers -= numbers
 
     def _revoke(self, revoked: set[TP], retry_numbers: set[int]) -> None:
         """Mark events of `revoked` to be skipped, tell every lane, wait until all report back."""

@@ -1,7 +1,12 @@
-"""What a handler receives (`Message`) and what it emits results through (`Context`).
+"""What a handler is given: the Kafka message itself, and a `Context` with docstream's view of it.
 
-A `Message` wraps the client's message object and reads its fields on demand: most events
-are handled without touching their headers or timestamp, and the hot path stays lean.
+Handlers receive the client's `confluent_kafka.Message` untouched (no wrapper per event on the
+hot path) and a context that says which attempt this is, where the event first came from,
+what the decoder made of it, and through which they emit result events.
+
+An `Event` is the runtime's own record of a message it has to hold on to: one parked behind
+a retry, a retry waiting for its time, one whose result events are not yet acknowledged, or
+one that failed. Most events never need one.
 """
 
 from __future__ import annotations
@@ -14,99 +19,76 @@ from consumers.runtime import headers as hdr
 if TYPE_CHECKING:
     from consumers.runtime.lanes import Segment
 
+_NO_HEADERS: dict[str, str] = {}  # shared by events that did not come through the retry topic
 
-class Message:
-    """One event: coordinates, raw bytes, decoded record, attempt, and its settlement state."""
 
-    __slots__ = (
-        "_raw",
-        "acked",
-        "attempt",
-        "emitted",
-        "failure",
-        "handled",
-        "key",
-        "origin_headers",
-        "record",
-        "segment",
-        "via_retry",
-    )
+class Event:
+    """A message the runtime holds on to, with its segment and settlement state."""
 
-    def __init__(self, raw: Any, segment: Segment, via_retry: bool = False) -> None:
-        self._raw = raw
-        self.key: bytes | None = raw.key()
+    __slots__ = ("_origin_headers", "acked", "emitted", "failure", "handled", "raw", "segment", "via_retry")
+
+    def __init__(self, raw: Any, segment: Segment, via_retry: bool) -> None:
+        self.raw = raw
         self.segment = segment
         self.via_retry = via_retry
-        self.attempt = 1
-        self.record: Any = None
         self.emitted = 0  # result events produced by its handler (counted in the lane thread)
         self.acked = 0  # of those, acknowledged by the broker (counted by the loop)
         self.handled = False  # its handler returned (set by the loop from the lane's report)
         self.failure: BaseException | None = None  # a result event that was not delivered
-        self.origin_headers: dict[str, str] = {}
-        if via_retry:
-            self.origin_headers = hdr.to_dict(raw.headers())
-            self.attempt = int(self.origin_headers.get(hdr.ATTEMPT, "1"))
+        self._origin_headers: dict[str, str] | None = None
 
     @property
-    def topic(self) -> str:
-        return str(self._raw.topic())
+    def origin_headers(self) -> dict[str, str]:
+        if self._origin_headers is None:
+            self._origin_headers = hdr.to_dict(self.raw.headers()) if self.via_retry else _NO_HEADERS
+        return self._origin_headers
 
     @property
-    def partition(self) -> int:
-        return int(self._raw.partition())
-
-    @property
-    def offset(self) -> int:
-        return int(self._raw.offset())
-
-    @property
-    def timestamp_ms(self) -> int:
-        return int(self._raw.timestamp()[1])
-
-    @property
-    def value(self) -> bytes | None:
-        value: bytes | None = self._raw.value()
-        return value
-
-    @property
-    def headers(self) -> hdr.HeaderList | None:
-        headers: hdr.HeaderList | None = self._raw.headers()
-        return headers
-
-    @property
-    def origin(self) -> tuple[str, int, int, int]:
-        """Where the event was first published: (topic, partition, offset, timestamp_ms)."""
-        h = self.origin_headers
-        if not h:
-            return (self.topic, self.partition, self.offset, self.timestamp_ms)
-        return (
-            h.get(hdr.ORIGINAL_TOPIC, self.topic),
-            int(h.get(hdr.ORIGINAL_PARTITION, self.partition)),
-            int(h.get(hdr.ORIGINAL_OFFSET, self.offset)),
-            int(h.get(hdr.ORIGINAL_TIMESTAMP_MS, self.timestamp_ms)),
-        )
-
-    @property
-    def source_topic(self) -> str:
-        """The topic the event was first published to (not the retry topic)."""
-        return self.origin[0]
+    def key(self) -> bytes | None:
+        key: bytes | None = self.raw.key()
+        return key
 
     @property
     def ordering_key(self) -> Any:
         """Events of one key run in order; events without a key are independent."""
-        return self.key if self.key is not None else (self.topic, self.partition, self.offset)
+        key = self.raw.key()
+        return key if key is not None else (self.raw.topic(), self.raw.partition(), self.raw.offset())
 
     @property
-    def coordinates(self) -> str:
-        return f"{self.topic}[{self.partition}]@{self.offset}"
+    def attempt(self) -> int:
+        return int(self.origin_headers.get(hdr.ATTEMPT, "1"))
 
     def not_before_ms(self) -> int:
         return int(self.origin_headers.get(hdr.NOT_BEFORE_MS, "0"))
 
+    @property
+    def origin(self) -> tuple[str, int, int, int]:
+        """Where the event was first published: (topic, partition, offset, timestamp_ms)."""
+        raw, h = self.raw, self.origin_headers
+        return (
+            h.get(hdr.ORIGINAL_TOPIC, raw.topic()),
+            int(h.get(hdr.ORIGINAL_PARTITION, raw.partition())),
+            int(h.get(hdr.ORIGINAL_OFFSET, raw.offset())),
+            int(h.get(hdr.ORIGINAL_TIMESTAMP_MS, raw.timestamp()[1])),
+        )
+
 
 class Context(Protocol):
-    """What the runtime offers a handler while it handles one message."""
+    """What the runtime tells a handler about the message it handles, and how it emits."""
+
+    record: Any  # what the worker's decoder made of the message (None without a decoder)
+
+    @property
+    def attempt(self) -> int:
+        """1 on first delivery, n on the (n-1)th retry."""
+
+    @property
+    def origin(self) -> tuple[str, int, int, int]:
+        """(topic, partition, offset, timestamp_ms) where the event was first published."""
+
+    @property
+    def coordinates(self) -> str:
+        """`topic[partition]@offset` of the message being handled, for messages and logs."""
 
     def emit(
         self, topic: str, key: bytes | None, value: bytes, headers: hdr.HeaderList | None = None
@@ -117,7 +99,7 @@ class Context(Protocol):
 class Handler(Protocol):
     """A stage's work on one message. Raise TransientError / PermanentError to classify."""
 
-    def __call__(self, message: Message, ctx: Context) -> None: ...
+    def __call__(self, message: Any, ctx: Context) -> None: ...
 
 
-Decoder = Callable[[Message], Any]
+Decoder = Callable[[Any, Context], Any]  # (message, ctx) -> record; raise DecodeError if it can't

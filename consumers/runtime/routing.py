@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumers.runtime import headers as hdr
-from consumers.runtime.message import Message
+from consumers.runtime.message import Event
 
 MAX_TEXT = 8_000  # bytes of error message / traceback kept in a header
 
@@ -26,7 +26,7 @@ class Reroute:
     headers: hdr.HeaderList
 
 
-def _origin(message: Message, group: str) -> dict[str, str | int]:
+def _origin(message: Event, group: str) -> dict[str, str | int]:
     topic, partition, offset, timestamp_ms = message.origin
     return {
         hdr.ORIGINAL_TOPIC: topic,
@@ -46,17 +46,17 @@ def _error(error: BaseException, traceback: str) -> dict[str, str | int]:
 
 
 def retry_record(
-    message: Message, group: str, retry_topic: str, error: BaseException, traceback: str, not_before_ms: int
+    message: Event, group: str, retry_topic: str, error: BaseException, traceback: str, not_before_ms: int
 ) -> Reroute:
     values = _origin(message, group) | _error(error, traceback)
     values |= {hdr.ATTEMPT: message.attempt + 1, hdr.NOT_BEFORE_MS: not_before_ms}
-    headers = hdr.passthrough(message.headers) + hdr.encode(values)
-    return Reroute(retry_topic, message.origin[1], message.key, message.value, headers)
+    headers = hdr.passthrough(message.raw.headers()) + hdr.encode(values)
+    return Reroute(retry_topic, message.origin[1], message.key, message.raw.value(), headers)
 
 
 def dead_letter_record(
-    message: Message, group: str, dlq_topic: str, error: BaseException, traceback: str
+    message: Event, group: str, dlq_topic: str, error: BaseException, traceback: str
 ) -> Reroute:
     values = _origin(message, group) | _error(error, traceback) | {hdr.ATTEMPT: message.attempt}
-    headers = hdr.passthrough(message.headers) + hdr.encode(values)
-    return Reroute(dlq_topic, message.origin[1], message.key, message.value, headers)
+    headers = hdr.passthrough(message.raw.headers()) + hdr.encode(values)
+    return Reroute(dlq_topic, message.origin[1], message.key, message.raw.value(), headers)

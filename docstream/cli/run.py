@@ -12,12 +12,12 @@ import time
 from typing import Any
 
 import typer
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers.runtime import Context, Message, Worker
+from consumers.runtime import Context, Worker
 from consumers.runtime import headers as hdr
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
@@ -92,13 +92,13 @@ def _worker(s: Settings, gid: str, results: dict[str, dict[str, Any]]) -> Worker
     codec = make_codec(s.schema_registry_url)
     blobs = BlobStore(s.blob_root)
 
-    def decode(message: Message) -> dict[str, Any]:
+    def decode(message: Message, ctx: Context) -> dict[str, Any]:
         return codec.decode(
-            "doc.uploaded", message.value or b"", topic=message.topic, coordinates=message.coordinates
+            "doc.uploaded", message.value() or b"", topic=message.topic(), coordinates=ctx.coordinates
         )
 
     def handle(message: Message, ctx: Context) -> None:
-        event = message.record
+        event = ctx.record
         key = idempotency_key(event["content_sha256"], DEMO_GROUP, DEMO_VERSION)
         content = blobs.get(event["blob_uri"])
         summary = {
@@ -110,8 +110,8 @@ def _worker(s: Settings, gid: str, results: dict[str, dict[str, Any]]) -> Worker
         results[event["document_id"]] = {
             "key": key,
             "created": created,
-            "attempt": message.attempt,
-            "coordinates": message.coordinates,
+            "attempt": ctx.attempt,
+            "coordinates": ctx.coordinates,
             **summary,
         }
 

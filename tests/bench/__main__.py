@@ -49,12 +49,24 @@ def _ratio_cell(ratio: float) -> str:
 
 
 def _table(results: list[dict[str, Any]]) -> Table:
-    table = Table("benchmark", "raw events/s", "ours events/s", "ratio", "more", show_lines=True,
-                  title=f"docstream vs raw confluent-kafka (target ratio >= {TARGET_RATIO})")
+    table = Table(
+        "benchmark",
+        "raw events/s",
+        "ours events/s",
+        "ratio",
+        "more",
+        show_lines=True,
+        title=f"docstream vs raw confluent-kafka (target ratio >= {TARGET_RATIO})",
+    )
     for result in results:
         more = "\n".join(f"{k}={v}" for k, v in result.items() if k not in MAIN_KEYS)
-        table.add_row(result["name"], f"{result['raw_eps']:,}", f"{result['ours_eps']:,}",
-                      _ratio_cell(result["ratio"]), more)
+        table.add_row(
+            result["name"],
+            f"{result['raw_eps']:,}",
+            f"{result['ours_eps']:,}",
+            _ratio_cell(result["ratio"]),
+            more,
+        )
     return table
 
 

@@ -13,10 +13,10 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.runtime import Context, Message, Worker
+from consumers.runtime import Context, Worker
 from docstream import kafka_config
 from docstream.settings import RuntimeSettings
 

@@ -47,8 +47,9 @@ def test_a_started_broker_reports_running_and_serves_clients(running: LocalBroke
 def test_start_reuses_the_running_broker_even_from_another_instance(running: LocalBroker) -> None:
     pid = running.status().pid
     assert running.start(timeout=5).pid == pid
-    same_dir = LocalBroker(running.work_dir, broker_port=running.broker_port,
-                           controller_port=running.controller_port)
+    same_dir = LocalBroker(
+        running.work_dir, broker_port=running.broker_port, controller_port=running.controller_port
+    )
     assert same_dir.start(timeout=5).pid == pid
 
 

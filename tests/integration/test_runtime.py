@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.runtime import Context, Message, RunStats, Worker
+from consumers.runtime import Context, RunStats, Worker
 from consumers.runtime import headers as hdr
 from docstream.errors import DecodeError, PermanentError, TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
@@ -126,7 +126,7 @@ def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], 
 
     def handle(message: Message, ctx: Context) -> None:
         with lock:
-            seen.append(message.value or b"")
+            seen.append(message.value() or b"")
 
     stats = run_until(g.worker(handle), lambda s: s.handled >= 300)
     assert sorted(seen) == sorted(f"v{i}".encode() for i in range(300))
@@ -139,7 +139,7 @@ def test_result_events_are_acknowledged_before_the_offset_moves(group: Callable[
     g.produce([(b"doc", b"payload")])
 
     def handle(message: Message, ctx: Context) -> None:
-        ctx.emit(out.topic, message.key, b"result of " + (message.value or b""))
+        ctx.emit(out.topic, message.key(), b"result of " + (message.value() or b""))
 
     run_until(g.worker(handle), lambda s: s.handled >= 1)
     results = g.read_all(out.topic, 1)
@@ -159,7 +159,7 @@ def test_per_key_order_holds_with_8_way_concurrency_on_one_partition(group: Call
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-            order.setdefault(message.key or b"", []).append(int(message.value or b"0"))
+            order.setdefault(message.key() or b"", []).append(int(message.value() or b"0"))
         time.sleep(0.005)
         with lock:
             active[0] -= 1
@@ -179,8 +179,8 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
     calls: list[tuple[bytes, int]] = []
 
     def handle(message: Message, ctx: Context) -> None:
-        calls.append((message.value or b"", message.attempt))
-        if message.value == b"first" and message.attempt < 2:
+        calls.append((message.value() or b"", ctx.attempt))
+        if message.value() == b"first" and ctx.attempt < 2:
             raise TransientError("dependency busy")
 
     stats = run_until(g.worker(handle), lambda s: s.handled >= 3)
@@ -203,8 +203,8 @@ def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
     attempts: list[int] = []
 
     def handle(message: Message, ctx: Context) -> None:
-        if message.value == b"bad":
-            attempts.append(message.attempt)
+        if message.value() == b"bad":
+            attempts.append(ctx.attempt)
             raise TransientError("always fails")
 
     stats = run_until(g.worker(handle), lambda s: s.handled >= 50 and s.dead_lettered >= 1)
@@ -225,13 +225,13 @@ def test_permanent_errors_and_undecodable_bytes_go_straight_to_the_dead_letter_t
     g = group(1)
     g.produce([(b"a", b"\x00garbage"), (b"b", b"broken-pdf"), (b"c", b"fine")])
 
-    def decode(message: Message) -> bytes:
-        if (message.value or b"").startswith(b"\x00"):
-            raise DecodeError("not an Avro single-object event", coordinates=message.coordinates)
-        return message.value or b""
+    def decode(message: Message, ctx: Context) -> bytes:
+        if (message.value() or b"").startswith(b"\x00"):
+            raise DecodeError("not an Avro single-object event", coordinates=ctx.coordinates)
+        return message.value() or b""
 
     def handle(message: Message, ctx: Context) -> None:
-        if message.record == b"broken-pdf":
+        if ctx.record == b"broken-pdf":
             raise PermanentError("PDF has no pages")
 
     worker = Worker(

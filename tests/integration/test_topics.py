@@ -188,8 +188,12 @@ def test_cli_says_to_start_the_local_broker_when_it_is_not_running(tmp_path: Pat
     result = CliRunner().invoke(
         topics_app,
         ["ensure"],
-        env={"KAFKA_BOOTSTRAP_SERVERS": None, "DOCSTREAM_BOOTSTRAP_SERVERS": None,
-             "DOCSTREAM_HOME": str(tmp_path), "DOCSTREAM_LOCAL_BROKER_PORT": str(free_port())},
+        env={
+            "KAFKA_BOOTSTRAP_SERVERS": None,
+            "DOCSTREAM_BOOTSTRAP_SERVERS": None,
+            "DOCSTREAM_HOME": str(tmp_path),
+            "DOCSTREAM_LOCAL_BROKER_PORT": str(free_port()),
+        },
     )
     assert result.exit_code == 2
     assert "run `docstream broker start`" in " ".join(result.stderr.split())

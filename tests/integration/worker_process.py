@@ -14,7 +14,9 @@ import hashlib
 import time
 from pathlib import Path
 
-from consumers.runtime import Context, Message, Worker
+from confluent_kafka import Message
+
+from consumers.runtime import Context, Worker
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings
@@ -34,11 +36,11 @@ def main() -> None:
     log_dir: Path = args.log_dir
 
     def handle(message: Message, ctx: Context) -> None:
-        key = (message.key or b"").decode()
+        key = (message.key() or b"").decode()
         with (log_dir / "handled.log").open("a") as log:
             log.write(f"{key}\n")
-        digest = hashlib.sha256(message.value or b"").hexdigest()
-        if store.put_result("test", idempotency_key(digest, "test", "v1"), message.value or b""):
+        digest = hashlib.sha256(message.value() or b"").hexdigest()
+        if store.put_result("test", idempotency_key(digest, "test", "v1"), message.value() or b""):
             with (log_dir / "effects.log").open("a") as log:
                 log.write(f"{key}\n")
         time.sleep(args.handle_seconds)

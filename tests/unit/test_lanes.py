@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from consumers.runtime import headers as hdr
-from consumers.runtime.lanes import Lane, LaneReport, Segment
-from consumers.runtime.message import Message
+from consumers.runtime.lanes import Chunk, Lane, LaneContext, LaneReport, Segment
+from consumers.runtime.message import Event
 from consumers.runtime.retry import Route
 from docstream.errors import PermanentError, TransientError
 
@@ -45,6 +44,9 @@ class FakeRaw:
         return self.headers_
 
 
+Item = tuple[FakeRaw, Segment, bool]  # a message, its segment, whether it came via the retry topic
+
+
 class Harness:
     def __init__(self, fail: dict[bytes, Exception] | None = None, parks: bool = True) -> None:
         self.now = 0
@@ -52,31 +54,34 @@ class Harness:
         self.rerouted: list[tuple[bytes, Route]] = []
         self.fail = fail or {}
         self.segment = Segment(("doc.uploaded", 0))
+        context = LaneContext(producer=None, on_ack=lambda *a: None)
         self.lane = Lane(
-            self.handle, None, lambda m: None, self.reroute, lambda m: parks, lambda: self.now, lambda r: None
+            self.handle, None, context, self.reroute, lambda e: parks, lambda: self.now, lambda r: None
         )
 
-    def handle(self, message: Message, ctx: Any) -> None:
-        value = message.value or b""
-        if value in self.fail and message.attempt == 1:
+    def handle(self, message: FakeRaw, ctx: LaneContext) -> None:
+        value = message.value()
+        if value in self.fail and ctx.attempt == 1:
             raise self.fail[value]
         self.handled.append(value)
 
-    def reroute(self, message: Message, error: BaseException, trace: str) -> Route:
+    def reroute(self, event: Event, error: BaseException, trace: str) -> Route:
         decision = Route.DEAD_LETTER if isinstance(error, PermanentError) else Route.RETRY
-        self.rerouted.append((message.value or b"", decision))
+        self.rerouted.append((event.raw.value(), decision))
         return decision
 
-    def message(self, key: bytes, value: bytes, offset: int) -> Message:
-        return Message(FakeRaw(key, value, offset), self.segment)
+    def message(self, key: bytes, value: bytes, offset: int) -> Item:
+        return (FakeRaw(key, value, offset), self.segment, False)
 
-    def retried(self, key: bytes, value: bytes, offset: int, not_before: int) -> Message:
+    def retried(self, key: bytes, value: bytes, offset: int, not_before: int) -> Item:
         headers = hdr.encode({hdr.ATTEMPT: 2, hdr.NOT_BEFORE_MS: not_before, hdr.ORIGINAL_PARTITION: 0})
         raw = FakeRaw(key, value, offset, topic_="g.retry", headers_=headers)  # type: ignore[arg-type]
-        return Message(raw, Segment(("g.retry", 0)), via_retry=True)
+        return (raw, Segment(("g.retry", 0)), True)
 
-    def process(self, *messages: Message) -> LaneReport:
-        return self.lane.process(list(messages))
+    def process(self, *items: Item) -> LaneReport:
+        via_retry = any(item[2] for item in items)
+        chunk = Chunk([i[0] for i in items], [i[1] for i in items], via_retry)
+        return self.lane.process(chunk)
 
 
 def test_a_lane_handles_its_events_in_order() -> None:
@@ -97,7 +102,7 @@ def test_a_retried_key_is_parked_and_its_later_events_wait_while_others_go_on() 
     h.process(h.retried(b"k", b"k-1", 0, not_before=500))
     assert h.handled == [b"o-1"], "a retry is not handled before its not-before time"
     h.now = 500
-    h.process()
+    h.lane.process(Chunk())
     assert h.handled == [b"o-1", b"k-1", b"k-2", b"k-3"]
     assert h.lane.parked_keys == set()
 
@@ -116,12 +121,11 @@ def test_without_the_retry_partition_a_key_is_not_parked() -> None:
 
 def test_a_revoke_skips_unstarted_events_and_releases_keys_waiting_on_moved_retries() -> None:
     h = Harness(fail={b"k-1": TransientError("busy")})
-    other = Segment(("doc.ocr.done", 0))
-    late = Message(FakeRaw(b"k", b"k-ocr", 7, topic_="doc.ocr.done"), other)
+    late = (FakeRaw(b"k", b"k-ocr", 7, topic_="doc.ocr.done"), Segment(("doc.ocr.done", 0)), False)
     h.process(h.message(b"k", b"k-1", 0), h.message(b"k", b"k-2", 1), late)
     h.segment.revoked = True
     report = h.lane.process(("revoke", {0}))
-    assert [m.value for m in report.skipped] == [b"k-2"]
+    assert [e.raw.value() for e in report.skipped] == [b"k-2"]
     assert h.handled == [b"k-ocr"], "events of partitions kept run once their key stops waiting"
     assert h.lane.parked_keys == set()
 
@@ -130,4 +134,4 @@ def test_events_of_a_revoked_segment_are_reported_skipped() -> None:
     h = Harness()
     h.segment.revoked = True
     report = h.process(h.message(b"k", b"x", 0))
-    assert h.handled == [] and [m.offset for m in report.skipped] == [0]
+    assert h.handled == [] and [e.raw.offset() for e in report.skipped] == [0]
