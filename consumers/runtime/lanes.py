@@ -20,9 +20,10 @@ import heapq
 import itertools
 import queue
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 from consumers.runtime import headers as hdr
@@ -75,9 +76,6 @@ class LaneContext:
         self.via_retry = False
         self.event: Event | None = None
         self.record: Any = None
-
-    def bind(self, raw: Any, segment: Segment, via_retry: bool, event: Event | None) -> None:
-        self.raw, self.segment, self.via_retry, self.event, self.record = raw, segment, via_retry, event, None
 
     def held(self) -> Event:
         """The message as an `Event` (made on first need: a retry's headers, an emit, a failure)."""
@@ -172,21 +170,19 @@ class Lane:
         return report
 
     @property
+    def has_delayed(self) -> bool:
+        return bool(self._delayed)
+
+    @property
     def parked_keys(self) -> set[Any]:
         return set(self._waiting)
 
     def _run(self, chunk: Chunk, report: LaneReport) -> None:
-        """The hot path: most events are handled straight from the client's message."""
         if chunk.via_retry:
             for raw, segment in zip(chunk.messages, chunk.segments, strict=True):
                 self._offer(Event(raw, segment, True), report)
-            return
-        waiting = self._waiting
-        for raw, segment in zip(chunk.messages, chunk.segments, strict=True):
-            if waiting and raw.key() in waiting:
-                waiting[raw.key()].append(Event(raw, segment, False))
-            else:
-                self._handle(raw, segment, False, None, report)
+        else:
+            self._handle(zip(chunk.messages, chunk.segments, repeat(None)), False, report)
 
     def _offer(self, event: Event, report: LaneReport) -> None:
         key = event.ordering_key
@@ -201,32 +197,42 @@ class Lane:
             return
         self._handle_event(event, report)
 
-    def _handle_event(self, event: Event, report: LaneReport) -> None:
-        self._handle(event.raw, event.segment, event.via_retry, event, report)
-
     def _handle(
-        self, raw: Any, segment: Segment, via_retry: bool, event: Event | None, report: LaneReport
+        self, items: Iterable[tuple[Any, Segment, Event | None]], via_retry: bool, report: LaneReport
     ) -> None:
-        if segment.revoked:
-            report.skipped.append(event or Event(raw, segment, via_retry))  # the new owner reads it again
-            return
-        ctx = self._context
-        ctx.bind(raw, segment, via_retry, event)
-        try:
-            if self._decoder is not None:
-                ctx.record = self._decoder(raw, ctx)
-            self._handler(raw, ctx)
-        except Exception as exc:  # every failure is data: it goes to retry or DLQ
-            self._failed(ctx.held(), exc, traceback.format_exc(), report)
-            return
-        report.handled += 1
-        held = ctx.event
-        if held is not None and held.emitted:
-            report.awaiting_acks.append(held)
-        else:
-            report.settled[segment] = report.settled.get(segment, 0) + 1
-        if via_retry:
-            self._release(ctx.held().ordering_key, report)
+        """The hot path: each message to the decoder and handler, in order; tallies per segment.
+
+        A fresh message (no `Event` yet) of a parked key is set aside behind its retry instead.
+        """
+        ctx, decoder, handler, waiting = self._context, self._decoder, self._handler, self._waiting
+        settled = report.settled
+        ctx.via_retry = via_retry
+        for raw, segment, event in items:
+            if segment.revoked:
+                report.skipped.append(event or Event(raw, segment, via_retry))  # the new owner reads it
+                continue
+            if waiting and event is None and raw.key() in waiting:
+                waiting[raw.key()].append(Event(raw, segment, via_retry))
+                continue
+            ctx.raw, ctx.segment, ctx.event, ctx.record = raw, segment, event, None
+            try:
+                if decoder is not None:
+                    ctx.record = decoder(raw, ctx)
+                handler(raw, ctx)
+            except Exception as exc:  # every failure is data: it goes to retry or DLQ
+                self._failed(ctx.held(), exc, traceback.format_exc(), report)
+                continue
+            report.handled += 1
+            held = ctx.event
+            if held is not None and held.emitted:
+                report.awaiting_acks.append(held)
+            else:
+                settled[segment] = settled.get(segment, 0) + 1
+            if via_retry:
+                self._release(ctx.held().ordering_key, report)
+
+    def _handle_event(self, event: Event, report: LaneReport) -> None:
+        self._handle(((event.raw, event.segment, event),), event.via_retry, report)
 
     def _failed(self, event: Event, error: BaseException, trace: str, report: LaneReport) -> None:
         key = event.ordering_key

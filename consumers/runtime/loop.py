@@ -105,9 +105,13 @@ class Worker:
             )
             for _ in range(runtime.concurrency)
         ]
+        # One lane runs in the loop's own thread: a thread hand-off per chunk would cost more
+        # than the handling of a fast handler (docs/tuning.md: max.poll.interval then bounds it).
+        self._inline = runtime.concurrency == 1
         self._threads = [
             threading.Thread(target=lane.run, name=f"{group_id}-lane-{i}", daemon=True)
             for i, lane in enumerate(self._lanes)
+            if not self._inline
         ]
         self._segments: dict[TP, deque[Segment]] = {}
         self._to_store: dict[TP, int] = {}
@@ -182,34 +186,49 @@ class Worker:
         lanes = len(self._lanes)
         chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
         segments: dict[TP, Segment] = {}
-        admitted = 0
+        segment, admitted = None, 0
         for raw in messages:
             if raw.error() is not None and self._skip(raw):
                 continue
             tp = (raw.topic(), raw.partition())
-            segment = segments.get(tp)
-            if segment is None or segment.pending >= SEGMENT_EVENTS:
-                if tp not in self.stats.assigned:  # fetched just before a revoke: not ours now
+            if segment is None or segment.tp != tp or segment.pending >= SEGMENT_EVENTS:
+                segment = self._segment(segments, tp)  # a client returns runs of one partition
+                if segment is None:  # fetched just before a revoke: not ours now
                     self._rewind(raw, via_retry)
                     continue
-                segment = segments[tp] = Segment(tp)
-                self._segments.setdefault(tp, deque()).append(segment)
             segment.pending += 1
             segment.last = offset = raw.offset()
             key = raw.key()
-            chunk = chunks[(offset if key is None else hash(key)) % lanes]
+            chunk = chunks[(offset if key is None else hash(key)) % lanes] if lanes > 1 else chunks[0]
             chunk.messages.append(raw)
             chunk.segments.append(segment)
             admitted += 1
         self._in_flight += admitted
         self.stats.fetched += admitted
         if via_retry:
-            for (_, number), segment in segments.items():
-                self._open_gate(number, segment.last + 1)
+            for (_, number), last in segments.items():
+                self._open_gate(number, last.last + 1)
         for lane, chunk in zip(self._lanes, chunks, strict=True):
             if chunk.messages:
-                self._outstanding += 1
-                lane.inbox.put(chunk)
+                self._hand(lane, chunk)
+
+    def _segment(self, segments: dict[TP, Segment], tp: TP) -> Segment | None:
+        """The open segment of `tp` in this batch, or a new one; None when `tp` is not assigned."""
+        segment = segments.get(tp)
+        if segment is None or segment.pending >= SEGMENT_EVENTS:
+            if tp not in self.stats.assigned:
+                return None
+            segment = segments[tp] = Segment(tp)
+            self._segments.setdefault(tp, deque()).append(segment)
+        return segment
+
+    def _hand(self, lane: Lane, item: Chunk | tuple[str, Any]) -> None:
+        """Give a lane work: through its inbox, or at once when it runs in this thread."""
+        self._outstanding += 1
+        if self._inline:
+            self._settle_lane(lane.process(item))
+        else:
+            lane.inbox.put(item)
 
     def _rewind(self, raw: Any, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
@@ -222,6 +241,8 @@ class Worker:
 
     def _settle(self, block: bool) -> None:
         self._producer.poll(0)
+        if self._inline and self._lanes[0].has_delayed:
+            self._hand(self._lanes[0], Chunk())  # retries that came due
         timeout = 0.05 if block and self._outstanding else 0.0
         while True:
             try:
@@ -275,8 +296,7 @@ class Worker:
             return
         # The retry / dead-letter record was not stored: handle the message again instead.
         message.emitted, message.acked, message.failure, message.handled = 0, 0, None, False
-        self._outstanding += 1
-        self._lanes[hash(message.ordering_key) % len(self._lanes)].inbox.put(("rehandle", message))
+        self._hand(self._lanes[hash(message.ordering_key) % len(self._lanes)], ("rehandle", message))
 
     def _settle_segment(self, segment: Segment, count: int) -> None:
         if segment.closed:
@@ -445,8 +465,7 @@ class Worker:
             for segment in self._segments.get(tp, ()):
                 segment.revoked = True
         for lane in self._lanes:
-            self._outstanding += 1
-            lane.inbox.put(("revoke", retry_numbers))
+            self._hand(lane, ("revoke", retry_numbers))
         self._drain()
 
     # -- shutdown -------------------------------------------------------------------------
@@ -471,7 +490,7 @@ class Worker:
         self._set_paused(True)
         self._revoke(set(self.stats.assigned), set())
         self._commit()
-        for lane in self._lanes:
+        for lane in self._lanes if self._threads else ():
             lane.inbox.put(STOP)
         for thread in self._threads:
             thread.join(timeout=self._runtime.shutdown_timeout_s)

@@ -118,7 +118,8 @@ def run_until(worker: Worker, done: Callable[[RunStats], bool], limit: float = 6
     return stats
 
 
-def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], Group]) -> None:
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], Group], lanes: int) -> None:
     g = group(3)
     g.produce([(f"doc-{i}".encode(), f"v{i}".encode()) for i in range(300)])
     seen: list[bytes] = []
@@ -128,20 +129,23 @@ def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], 
         with lock:
             seen.append(message.value() or b"")
 
-    stats = run_until(g.worker(handle), lambda s: s.handled >= 300)
+    stats = run_until(g.worker(handle, concurrency=lanes), lambda s: s.handled >= 300)
     assert sorted(seen) == sorted(f"v{i}".encode() for i in range(300))
     assert stats.dead_lettered == stats.retried == 0
     assert g.committed() == g.end_offsets()
 
 
-def test_result_events_are_acknowledged_before_the_offset_moves(group: Callable[[int], Group]) -> None:
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+def test_result_events_are_acknowledged_before_the_offset_moves(
+    group: Callable[[int], Group], lanes: int
+) -> None:
     g, out = group(1), group(1)
     g.produce([(b"doc", b"payload")])
 
     def handle(message: Message, ctx: Context) -> None:
         ctx.emit(out.topic, message.key(), b"result of " + (message.value() or b""))
 
-    run_until(g.worker(handle), lambda s: s.handled >= 1)
+    run_until(g.worker(handle, concurrency=lanes), lambda s: s.handled >= 1)
     results = g.read_all(out.topic, 1)
     assert [m.value() for m in results] == [b"result of payload"]  # type: ignore[attr-defined]
     assert g.committed() == {0: 1}
@@ -171,8 +175,9 @@ def test_per_key_order_holds_with_8_way_concurrency_on_one_partition(group: Call
         assert len(values) == 20
 
 
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
 def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
-    group: Callable[[int], Group],
+    group: Callable[[int], Group], lanes: int
 ) -> None:
     g = group(3)
     g.produce([(b"flaky", b"first"), (b"flaky", b"second"), (b"steady", b"other")])
@@ -183,7 +188,7 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
         if message.value() == b"first" and ctx.attempt < 2:
             raise TransientError("dependency busy")
 
-    stats = run_until(g.worker(handle), lambda s: s.handled >= 3)
+    stats = run_until(g.worker(handle, concurrency=lanes), lambda s: s.handled >= 3)
     assert stats.retried == 1 and stats.dead_lettered == 0
     flaky = [c for c in calls if c[0] in (b"first", b"second")]
     assert flaky == [(b"first", 1), (b"first", 2), (b"second", 1)], (
@@ -195,8 +200,9 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
     assert g.committed() == g.end_offsets()
 
 
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
 def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
-    group: Callable[[int], Group],
+    group: Callable[[int], Group], lanes: int
 ) -> None:
     g = group(3)
     g.produce([(b"poison", b"bad")] + [(f"k{i}".encode(), b"good") for i in range(50)])
@@ -207,7 +213,7 @@ def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
             attempts.append(ctx.attempt)
             raise TransientError("always fails")
 
-    stats = run_until(g.worker(handle), lambda s: s.handled >= 50 and s.dead_lettered >= 1)
+    stats = run_until(g.worker(handle, concurrency=lanes), lambda s: s.handled >= 50 and s.dead_lettered >= 1)
     assert attempts == [1, 2, 3]
     assert stats.retried == 2 and stats.dead_lettered == 1
     (dead,) = g.read_all(f"{g.group_id}.dlq", 1)
