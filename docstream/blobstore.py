@@ -62,6 +62,12 @@ class BlobStore:
         """Write a stage result under its idempotency key; False when it already existed."""
         return self._write_once(self.result_path(stage, key, suffix), data)
 
+    def get_result(self, stage: str, key: str, suffix: str = "json") -> bytes | None:
+        """A stage's result under its idempotency key, or None: an unchanged replay skips here."""
+        if not self.has_result(stage, key, suffix):
+            return None
+        return self.get(self.uri(self.result_path(stage, key, suffix)))
+
     def get(self, uri: str) -> bytes:
         try:
             with self._fs.open(self._path(uri), "rb") as f:

@@ -30,6 +30,8 @@ from consumers.runtime import headers as hdr
 from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.retry import Route
 
+SEGMENT_EVENTS = 100  # offsets advance a segment at a time: this bounds how far a commit lags
+
 
 class Segment:
     """Consecutive events of one partition fetched together; settled as a count."""
@@ -43,6 +45,10 @@ class Segment:
         self.revoked = False  # the partition moved away: its unstarted events are skipped
         self.closed = False  # no longer tracked by the loop: late settlements are ignored
         self.hole: int | None = None  # lowest offset skipped (not handled) after a revoke
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= SEGMENT_EVENTS
 
 
 @dataclass

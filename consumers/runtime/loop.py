@@ -49,7 +49,6 @@ from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
 TP = tuple[str, int]
 FETCH_BATCH = 1000
-SEGMENT_EVENTS = 100  # offsets advance a segment at a time: this bounds how far a commit lags
 PAUSE_AFTER_MS = 200  # a window full this long pauses fetching
 
 
@@ -186,20 +185,25 @@ class Worker:
         lanes = len(self._lanes)
         chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
         segments: dict[TP, Segment] = {}
-        segment, admitted = None, 0
+        segment, admitted, first_chunk = None, 0, chunks[0]
         for raw in messages:
             if raw.error() is not None and self._skip(raw):
                 continue
-            tp = (raw.topic(), raw.partition())
-            if segment is None or segment.tp != tp or segment.pending >= SEGMENT_EVENTS:
-                segment = self._segment(segments, tp)  # a client returns runs of one partition
+            partition, topic = raw.partition(), raw.topic()
+            if segment is None or segment.tp[1] != partition or segment.tp[0] != topic or segment.full:
+                segment = self._segment(
+                    segments, (topic, partition)
+                )  # a client returns runs of one partition
                 if segment is None:  # fetched just before a revoke: not ours now
                     self._rewind(raw, via_retry)
                     continue
             segment.pending += 1
             segment.last = offset = raw.offset()
-            key = raw.key()
-            chunk = chunks[(offset if key is None else hash(key)) % lanes] if lanes > 1 else chunks[0]
+            if lanes == 1:
+                chunk = first_chunk
+            else:
+                key = raw.key()
+                chunk = chunks[(offset if key is None else hash(key)) % lanes]
             chunk.messages.append(raw)
             chunk.segments.append(segment)
             admitted += 1
@@ -215,7 +219,7 @@ class Worker:
     def _segment(self, segments: dict[TP, Segment], tp: TP) -> Segment | None:
         """The open segment of `tp` in this batch, or a new one; None when `tp` is not assigned."""
         segment = segments.get(tp)
-        if segment is None or segment.pending >= SEGMENT_EVENTS:
+        if segment is None or segment.full:
             if tp not in self.stats.assigned:
                 return None
             segment = segments[tp] = Segment(tp)

@@ -40,8 +40,10 @@ def start(
         _fetch(broker)
     with console.status(f"Starting the Kafka broker on {broker.bootstrap} ..."):
         status = broker.start(timeout)
-    console.print(f"[green]Kafka broker running[/green] at {status.bootstrap} (pid {status.pid}); "
-                  f"log: {status.log_path}")
+    console.print(
+        f"[green]Kafka broker running[/green] at {status.bootstrap} (pid {status.pid}); "
+        f"log: {status.log_path}"
+    )
 
 
 @app.command()
@@ -112,8 +114,9 @@ def _external(s: Settings) -> bool:
 
 def _print_status(status: BrokerStatus) -> None:
     if status.running:
-        console.print(f"[green]running[/green] at {status.bootstrap}, pid {status.pid}, "
-                      f"up {status.uptime_s or 0:.0f} s")
+        console.print(
+            f"[green]running[/green] at {status.bootstrap}, pid {status.pid}, up {status.uptime_s or 0:.0f} s"
+        )
     elif status.pid is not None:
         console.print(f"[yellow]starting[/yellow] (pid {status.pid}): {status.bootstrap} not answering yet")
     else:

@@ -154,7 +154,13 @@ def _as_json(topic: str, published: list[tuple[Path, PublishedDocument]]) -> dic
 def _summary_table(topic: str, published: list[tuple[Path, PublishedDocument]]) -> Table:
     totals = _totals(published)
     table = Table(
-        "file", "document id", "partition", "offset", "sha256", "size", "blob",
+        "file",
+        "document id",
+        "partition",
+        "offset",
+        "sha256",
+        "size",
+        "blob",
         title=f"published to {topic}",
         caption=(
             f"{totals['documents']} documents, {totals['bytes']:,} bytes: "

@@ -100,13 +100,14 @@ def _worker(s: Settings, gid: str, results: dict[str, dict[str, Any]]) -> Worker
     def handle(message: Message, ctx: Context) -> None:
         event = ctx.record
         key = idempotency_key(event["content_sha256"], DEMO_GROUP, DEMO_VERSION)
-        content = blobs.get(event["blob_uri"])
-        summary = {
-            "document_id": event["document_id"],
-            "first_line": content.decode(errors="replace").split("\n")[0],
-            "bytes": len(content),
-        }
-        created = blobs.put_result(DEMO_GROUP, key, json.dumps(summary).encode())
+        existing = blobs.get_result(DEMO_GROUP, key)  # unchanged content and version: no work
+        if existing is not None:
+            summary, created = json.loads(existing), False
+        else:
+            content = blobs.get(event["blob_uri"])
+            first_line = content.decode(errors="replace").split("\n")[0]
+            summary = {"first_line": first_line, "bytes": len(content)}
+            created = blobs.put_result(DEMO_GROUP, key, json.dumps(summary).encode())
         results[event["document_id"]] = {
             "key": key,
             "created": created,
@@ -182,7 +183,7 @@ def _dead_letters(s: Settings, gid: str) -> list[dict[str, str]]:
                         {
                             "where": f"{h.get(hdr.ORIGINAL_PARTITION)}@{h.get(hdr.ORIGINAL_OFFSET)}",
                             "error": f"{h.get(hdr.ERROR_CLASS, '').rsplit('.', 1)[-1]}: "
-                            f"{h.get(hdr.ERROR_MESSAGE, '')[:80]}",
+                            f"{h.get(hdr.ERROR_MESSAGE, '')[:200]}",
                         }
                     )
         return found[-1:]

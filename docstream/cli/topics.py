@@ -75,8 +75,10 @@ def describe(
         return
     console.print(_describe_table(descriptions))
     if missing:
-        console.print(f"[yellow]{len(missing)} declared topics do not exist[/yellow]: "
-                      "`docstream topics ensure` creates them")
+        console.print(
+            f"[yellow]{len(missing)} declared topics do not exist[/yellow]: "
+            "`docstream topics ensure` creates them"
+        )
 
 
 def _connection(s: Settings) -> dict[str, Any]:
@@ -102,11 +104,15 @@ def _ensure_table(report: EnsureReport) -> Table:
 def _drift_advice(report: EnsureReport) -> str:
     count = len(report.drifted)
     if report.fixable:
-        return (f"[red]{count} topics drifted from their declaration[/red]: "
-                "`docstream topics ensure --fix` sets the declared configs and raises partition counts")
-    return (f"[red]{count} topics drifted from their declaration[/red], and not all of it can be fixed in "
-            "place (partitions are never removed; a replication factor needs a reassignment): "
-            "change the declaration or recreate the topic")
+        return (
+            f"[red]{count} topics drifted from their declaration[/red]: "
+            "`docstream topics ensure --fix` sets the declared configs and raises partition counts"
+        )
+    return (
+        f"[red]{count} topics drifted from their declaration[/red], and not all of it can be fixed in "
+        "place (partitions are never removed; a replication factor needs a reassignment): "
+        "change the declaration or recreate the topic"
+    )
 
 
 def _describe_table(descriptions: tuple[TopicDescription, ...]) -> Table:

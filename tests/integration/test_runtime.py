@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumers.runtime import Context, RunStats, Worker
 from consumers.runtime import headers as hdr
-from docstream.errors import DecodeError, PermanentError, TransientError
+from docstream.errors import PermanentError, TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
+from schemas.codec import make_codec
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=400, jitter=0.0)
 WORKER_SCRIPT = Path(__file__).with_name("worker_process.py")
@@ -229,15 +231,32 @@ def test_permanent_errors_and_undecodable_bytes_go_straight_to_the_dead_letter_t
     group: Callable[[int], Group],
 ) -> None:
     g = group(1)
-    g.produce([(b"a", b"\x00garbage"), (b"b", b"broken-pdf"), (b"c", b"fine")])
+    codec = make_codec(None)
 
-    def decode(message: Message, ctx: Context) -> bytes:
-        if (message.value() or b"").startswith(b"\x00"):
-            raise DecodeError("not an Avro single-object event", coordinates=ctx.coordinates)
-        return message.value() or b""
+    def event(document_id: str, content_type: str) -> bytes:
+        record = {
+            "document_id": document_id,
+            "tenant": "acme",
+            "content_sha256": "0" * 64,
+            "size_bytes": 3,
+            "content_type": content_type,
+            "blob_uri": "file:///nowhere",
+            "uploaded_at": datetime.now(UTC),
+            "trace": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "tracestate": None},
+            "attributes": {},
+            "source": None,
+        }
+        return codec.encode("doc.uploaded", record)
+
+    g.produce(
+        [(b"a", b"\x00garbage"), (b"b", event("b", "application/x-broken")), (b"c", event("c", "text/plain"))]
+    )
+
+    def decode(message: Message, ctx: Context) -> dict[str, object]:
+        return codec.decode("doc.uploaded", message.value() or b"", coordinates=ctx.coordinates)
 
     def handle(message: Message, ctx: Context) -> None:
-        if ctx.record == b"broken-pdf":
+        if ctx.record["content_type"] == "application/x-broken":
             raise PermanentError("PDF has no pages")
 
     worker = Worker(
@@ -252,6 +271,7 @@ def test_permanent_errors_and_undecodable_bytes_go_straight_to_the_dead_letter_t
     assert stats.retried == 0
     dead = {m.key(): hdr.to_dict(m.headers()) for m in g.read_all(f"{g.group_id}.dlq", 2)}  # type: ignore[attr-defined]
     assert dead[b"a"][hdr.ERROR_CLASS] == "docstream.errors.DecodeError"
+    assert f"{g.topic}[0]@0" in dead[b"a"][hdr.ERROR_MESSAGE], "the error names the event's coordinates"
     assert dead[b"b"][hdr.ERROR_MESSAGE] == "PDF has no pages"
     assert g.committed() == {0: 3}
 

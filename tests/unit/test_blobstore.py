@@ -119,3 +119,11 @@ def test_racing_writers_of_one_key_create_the_effect_exactly_once(tmp_path: Path
         created = list(pool.map(lambda _: store.put_result("race", key, b"same"), range(64)))
     assert created.count(True) == 1
     assert not [p for p in (tmp_path / "results" / "race").rglob(".tmp-*")]
+
+
+def test_get_result_returns_a_written_result_and_none_before(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    key = "cd" * 32
+    assert store.get_result("ocr", key) is None
+    store.put_result("ocr", key, b'{"pages": 2}')
+    assert store.get_result("ocr", key) == b'{"pages": 2}'
