@@ -38,6 +38,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from consumers.runtime.lanes import SEGMENT_EVENTS as FULL
 from consumers.runtime.lanes import STOP, Chunk, Lane, LaneContext, LaneReport, Segment
 from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.retry import Route, backoff_ms, route
@@ -185,18 +186,20 @@ class Worker:
         lanes = len(self._lanes)
         chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
         segments: dict[TP, Segment] = {}
-        segment, admitted, first_chunk = None, 0, chunks[0]
+        segment: Segment | None = None
+        run_partition, run_topic, admitted, first_chunk = -1, "", 0, chunks[0]
         for raw in messages:
             if raw.error() is not None and self._skip(raw):
                 continue
             partition, topic = raw.partition(), raw.topic()
-            if segment is None or segment.tp[1] != partition or segment.tp[0] != topic or segment.full:
-                segment = self._segment(
-                    segments, (topic, partition)
-                )  # a client returns runs of one partition
+            # A client returns runs of one partition: look the segment up only when a run ends.
+            if partition != run_partition or topic != run_topic or segment is None or segment.pending >= FULL:
+                segment = self._segment(segments, (topic, partition))
                 if segment is None:  # fetched just before a revoke: not ours now
                     self._rewind(raw, via_retry)
+                    run_partition = -1
                     continue
+                run_partition, run_topic = partition, topic
             segment.pending += 1
             segment.last = offset = raw.offset()
             if lanes == 1:

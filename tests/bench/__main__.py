@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
     else:
-        Console().print(_table(results))
+        Console(width=max(160, Console().width)).print(_table(results))
     too_slow = args.min_ratio is not None and any(r["ratio"] < args.min_ratio for r in results)
     return 1 if too_slow else 0
 
