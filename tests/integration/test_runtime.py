@@ -120,7 +120,7 @@ def run_until(worker: Worker, done: Callable[[RunStats], bool], limit: float = 6
     return stats
 
 
-@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+@pytest.mark.parametrize("lanes", [1, 4], ids=["inline-lane", "4-lane-threads"])
 def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], Group], lanes: int) -> None:
     g = group(3)
     g.produce([(f"doc-{i}".encode(), f"v{i}".encode()) for i in range(300)])
@@ -137,7 +137,7 @@ def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], 
     assert g.committed() == g.end_offsets()
 
 
-@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+@pytest.mark.parametrize("lanes", [1, 4], ids=["inline-lane", "4-lane-threads"])
 def test_result_events_are_acknowledged_before_the_offset_moves(
     group: Callable[[int], Group], lanes: int
 ) -> None:
@@ -177,7 +177,7 @@ def test_per_key_order_holds_with_8_way_concurrency_on_one_partition(group: Call
         assert len(values) == 20
 
 
-@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+@pytest.mark.parametrize("lanes", [1, 4], ids=["inline-lane", "4-lane-threads"])
 def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
     group: Callable[[int], Group], lanes: int
 ) -> None:
@@ -202,7 +202,7 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
     assert g.committed() == g.end_offsets()
 
 
-@pytest.mark.parametrize("lanes", [1, 4], ids=["one lane in the loop thread", "4 lane threads"])
+@pytest.mark.parametrize("lanes", [1, 4], ids=["inline-lane", "4-lane-threads"])
 def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
     group: Callable[[int], Group], lanes: int
 ) -> None:

@@ -1,0 +1,153 @@
+"""Turns a document's bytes into pages: each page's text layer, and an RGB image where OCR is needed.
+
+This is the adapter edge to pypdfium2 (PDFs) and Pillow (PNG / JPEG / TIFF): their exceptions
+are translated here into `docstream.errors`, and the limits that protect a worker from hostile
+or absurd files are enforced before anything large is allocated:
+
+- more pages than `max_pages` -> PermanentError("too many pages: ...");
+- a page that would be rendered with more than `max_pixels` pixels at `dpi` ->
+  PermanentError("page N too large: ..."); pages whose text layer is used are not rendered,
+  so the pixel limit applies only to pages that go to OCR;
+- a file pdfium or Pillow cannot open -> PermanentError("not a readable PDF: ...") /
+  PermanentError("not a readable image: ...").
+
+PDFium is not thread-safe: every pdfium call in this process goes through `PDFIUM_LOCK`.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pypdfium2 as pdfium  # type: ignore[import-untyped]  # ships without py.typed
+from PIL import Image, UnidentifiedImageError
+
+from docstream.errors import PermanentError, TransientError
+
+PDF: Final = "application/pdf"
+IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/tiff"})
+
+PDFIUM_LOCK: Final = threading.Lock()
+"""PDFium keeps global state and is not thread-safe; hold this around every pdfium call."""
+
+RgbImage = npt.NDArray[np.uint8]  # height x width x 3, RGB
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a document: its text layer, and its rendered image when it goes to OCR."""
+
+    number: int  # 1-based
+    text: str  # the text layer, lines separated by "\n"; "" when the page has none
+    image: RgbImage | None  # rendered at the requested dpi; None when the text layer is used
+
+    @property
+    def needs_ocr(self) -> bool:
+        return self.image is not None
+
+
+def render_pages(
+    content: bytes,
+    *,
+    dpi: int,
+    max_pages: int,
+    max_pixels: int,
+    content_type: str = PDF,
+    always_ocr: bool = False,
+) -> list[Page]:
+    """The pages of a PDF (or of a PNG / JPEG / TIFF image, as one page), within the limits.
+
+    A PDF page is rendered only when its text layer is empty after stripping, or with `always_ocr`.
+    Raises PermanentError for unreadable files, unsupported content types and exceeded limits.
+    """
+    if content_type in IMAGE_TYPES:
+        return [_image_page(content, max_pixels)]
+    if content_type != PDF:
+        raise PermanentError(f"unsupported content type {content_type!r} for OCR")
+    with PDFIUM_LOCK, _open_pdf(content) as document:
+        count = len(document)
+        if count > max_pages:
+            raise PermanentError(f"too many pages: {count} > max_pages={max_pages}")
+        return [_pdf_page(document, index, dpi, max_pixels, always_ocr) for index in range(count)]
+
+
+@contextmanager
+def _open_pdf(content: bytes) -> Iterator[Any]:
+    try:
+        document = pdfium.PdfDocument(content)
+    except pdfium.PdfiumError as exc:
+        raise PermanentError(f"not a readable PDF: {exc}") from exc
+    try:
+        yield document
+    finally:
+        document.close()
+
+
+def _pdf_page(document: Any, index: int, dpi: int, max_pixels: int, always_ocr: bool) -> Page:
+    number = index + 1
+    try:
+        page = document[index]
+    except pdfium.PdfiumError as exc:
+        raise PermanentError(f"page {number} is not readable: {exc}") from exc
+    try:
+        text = _text_layer(page)
+        if text.strip() and not always_ocr:
+            return Page(number, text, None)
+        width_pt, height_pt = page.get_size()
+        width_px, height_px = round(width_pt * dpi / 72), round(height_pt * dpi / 72)
+        _check_pixels(f"page {number}", width_px, height_px, max_pixels, f" at {dpi} dpi")
+        return Page(number, text, _render(page, number, dpi))
+    finally:
+        page.close()
+
+
+def _text_layer(page: Any) -> str:
+    textpage = page.get_textpage()
+    try:
+        text: str = textpage.get_text_range()
+    finally:
+        textpage.close()
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # pdfium ends lines with CRLF
+
+
+def _render(page: Any, number: int, dpi: int) -> RgbImage:
+    try:
+        bitmap = page.render(scale=dpi / 72, rev_byteorder=True)  # rev_byteorder: RGB, not BGR
+    except MemoryError as exc:
+        raise TransientError(f"out of memory rendering page {number}") from exc
+    except pdfium.PdfiumError as exc:
+        raise PermanentError(f"page {number} could not be rendered: {exc}") from exc
+    try:
+        pixels: RgbImage = bitmap.to_numpy()[:, :, :3].copy()  # copy: the buffer dies with the bitmap
+    finally:
+        bitmap.close()
+    return pixels
+
+
+def _image_page(content: bytes, max_pixels: int) -> Page:
+    """A PNG / JPEG / TIFF as one page (a multi-frame TIFF's first frame); checked before decoding."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(content)) as image:
+                _check_pixels("image", image.width, image.height, max_pixels, "")
+                rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise PermanentError(f"not a readable image: {exc}") from exc
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise PermanentError(f"image too large: {exc}") from exc
+    return Page(1, "", rgb)
+
+
+def _check_pixels(what: str, width: int, height: int, max_pixels: int, at: str) -> None:
+    if width * height > max_pixels:
+        raise PermanentError(
+            f"{what} too large: {width}x{height} = {width * height} pixels{at} > max_pixels={max_pixels}"
+        )
