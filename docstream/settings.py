@@ -47,6 +47,17 @@ class RuntimeSettings(BaseModel):
     retry: RetryPolicy = RetryPolicy()
 
 
+class ThumbnailSettings(BaseModel):
+    """What the thumbnails group renders: the first `pages` pages, one WebP per long side."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pages: int = Field(default=1, ge=1)
+    long_sides: tuple[int, ...] = (256, 1024)
+    quality: int = Field(default=80, ge=1, le=100)
+    max_pixels: int = Field(default=40_000_000, ge=1)
+
+
 class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
@@ -94,6 +105,7 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1)
     group_prefix: str = "docstream."
     runtime: RuntimeSettings = RuntimeSettings()
+    thumbnails: ThumbnailSettings = ThumbnailSettings()
 
     @property
     def blob_root(self) -> str:

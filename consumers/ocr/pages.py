@@ -151,3 +151,43 @@ def _check_pixels(what: str, width: int, height: int, max_pixels: int, at: str) 
         raise PermanentError(
             f"{what} too large: {width}x{height} = {width * height} pixels{at} > max_pixels={max_pixels}"
         )
+
+
+def render_preview(
+    content: bytes, *, content_type: str, pages: int, long_side: int, max_pixels: int
+) -> list[RgbImage]:
+    """The first `pages` pages rendered so that each one's longer side is `long_side` pixels.
+
+    For thumbnails: a PDF's pages are rendered at the scale that gives `long_side`; an image is
+    one page, resized. Raises PermanentError as `render_pages` does.
+    """
+    if content_type in IMAGE_TYPES:
+        pixels = _image_page(content, max_pixels).image
+        assert pixels is not None  # an image page always carries its pixels
+        image = Image.fromarray(pixels)
+        image.thumbnail((long_side, long_side))
+        return [np.asarray(image, dtype=np.uint8)]
+    if content_type != PDF:
+        raise PermanentError(f"unsupported content type {content_type!r} for a preview")
+    with PDFIUM_LOCK, _open_pdf(content) as document:
+        return [
+            _preview_page(document, index, long_side, max_pixels)
+            for index in range(min(pages, len(document)))
+        ]
+
+
+def _preview_page(document: Any, index: int, long_side: int, max_pixels: int) -> RgbImage:
+    number = index + 1
+    try:
+        page = document[index]
+    except pdfium.PdfiumError as exc:
+        raise PermanentError(f"page {number} is not readable: {exc}") from exc
+    try:
+        width_pt, height_pt = page.get_size()
+        dpi = long_side * 72 / max(width_pt, height_pt, 1.0)
+        _check_pixels(
+            f"page {number}", round(width_pt * dpi / 72), round(height_pt * dpi / 72), max_pixels, ""
+        )
+        return _render(page, number, dpi)
+    finally:
+        page.close()

@@ -59,7 +59,7 @@ RECORDS = {
     | {"pages": 3, "pages_ocr": 2, "mean_confidence": 0.91, "engine": "rapidocr/CUDAExecutionProvider"},
     topology.EMBEDDED: completion("embeddings") | {"chunks": 12, "dimensions": 384, "model": "minilm"},
     topology.THUMBNAILED: completion("thumbnails")
-    | {"sizes": [{"long_side": 256, "width": 181, "height": 256, "uri": "file:///blobs/t/256.png"}]},
+    | {"sizes": [{"page": 1, "long_side": 256, "width": 181, "height": 256, "uri": "file:///blobs/t/256.png"}]},
 }
 
 codec = SingleObjectCodec()

@@ -1,0 +1,73 @@
+"""The thumbnails stage: renders a document's first pages to WebP at each configured size.
+
+Images are stored content-addressed in the blob store (the same picture is stored once); the
+result object lists them; `doc.thumbnailed` carries the same list. Documents that are neither
+PDFs nor images get an empty list: having no thumbnail is not a failure.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from PIL import Image
+
+from consumers.ocr.pages import IMAGE_TYPES, PDF, render_preview
+from docstream.blobstore import BlobStore
+from docstream.settings import ThumbnailSettings
+from docstream.topology import THUMBNAILED
+
+VERSION = "webp-1"
+
+
+class ThumbnailStage:
+    """`consumers.stage.Stage` for thumbnails."""
+
+    name = "thumbnails"
+    result_event = "doc.thumbnailed"
+
+    def __init__(
+        self, blobs: BlobStore, settings: ThumbnailSettings, result_topic: str = THUMBNAILED
+    ) -> None:
+        self._blobs, self._settings = blobs, settings
+        self.result_topic = result_topic
+        sides = ",".join(str(side) for side in sorted(settings.long_sides))
+        self.version = f"{VERSION}:{sides}:q{settings.quality}:p{settings.pages}"
+
+    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
+        content_type = upload["content_type"]
+        sizes: list[dict[str, Any]] = []
+        if content_type == PDF or content_type in IMAGE_TYPES:
+            largest = max(self._settings.long_sides)
+            previews = render_preview(
+                content,
+                content_type=content_type,
+                pages=self._settings.pages,
+                long_side=largest,
+                max_pixels=self._settings.max_pixels,
+            )
+            for page, pixels in enumerate(previews, start=1):
+                sizes += [
+                    self._thumbnail(Image.fromarray(pixels), page, side)
+                    for side in sorted(self._settings.long_sides)
+                ]
+        fields = {"sizes": sizes}
+        return json.dumps(fields, sort_keys=True).encode(), fields
+
+    def summarise(self, stored: bytes) -> dict[str, Any]:
+        return {"sizes": json.loads(stored)["sizes"]}
+
+    def _thumbnail(self, page_image: Image.Image, page: int, long_side: int) -> dict[str, Any]:
+        image = page_image.copy()
+        image.thumbnail((long_side, long_side), Image.Resampling.LANCZOS)
+        buffer = io.BytesIO()
+        image.save(buffer, format="WEBP", quality=self._settings.quality, method=4)
+        stored = self._blobs.put_content(buffer.getvalue())
+        return {
+            "page": page,
+            "long_side": long_side,
+            "width": image.width,
+            "height": image.height,
+            "uri": stored.uri,
+        }
