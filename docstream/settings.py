@@ -58,6 +58,21 @@ class ThumbnailSettings(BaseModel):
     max_pixels: int = Field(default=40_000_000, ge=1)
 
 
+class OcrSettings(BaseModel):
+    """How the OCR group reads pages (docs/architecture.md; shared/notes/models.md for the figures)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dpi: int = Field(default=150, ge=50, le=600)
+    det_max_side: int = Field(
+        default=1600, ge=320, description="detector input cap: 1600 reads dense scans exactly"
+    )
+    always_ocr: bool = False  # OCR pages even when they have a text layer
+    max_pages: int = Field(default=200, ge=1)
+    max_pixels: int = Field(default=40_000_000, ge=1, description="per rendered page")
+    providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
 class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
@@ -106,6 +121,7 @@ class Settings(BaseSettings):
     group_prefix: str = "docstream."
     runtime: RuntimeSettings = RuntimeSettings()
     thumbnails: ThumbnailSettings = ThumbnailSettings()
+    ocr: OcrSettings = OcrSettings()
 
     @property
     def blob_root(self) -> str:

@@ -1,0 +1,93 @@
+"""The OCR stage: every page's text, from its text layer or from OCR, as one result object.
+
+A page with a text layer keeps it (unless `always_ocr`); the others are rendered and read by
+the ONNX models of `consumers.ocr.engine`. Plain-text documents are one page of their own
+text. The result object lists each page's text, source, confidence and line boxes; the
+`doc.ocr.done` event carries the counts. Broken files, page bombs and oversized pages raise
+PermanentError in `consumers.ocr.pages` and end in the dead-letter topic with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from consumers.ocr.engine import OcrEngine
+from consumers.ocr.pages import Page, render_pages
+from docstream.errors import PermanentError
+from docstream.settings import OcrSettings
+from docstream.topology import OCR_DONE
+
+ENGINE = "rapidocr-3.10.0"
+
+
+class OcrStage:
+    """`consumers.stage.Stage` for OCR."""
+
+    name = "ocr"
+    result_event = "doc.ocr.done"
+
+    def __init__(self, engine: OcrEngine, settings: OcrSettings, result_topic: str = OCR_DONE) -> None:
+        self._engine, self._settings = engine, settings
+        self.result_topic = result_topic
+        mode = "always" if settings.always_ocr else "where-no-text"
+        self.version = f"{ENGINE}:det{settings.det_max_side}:dpi{settings.dpi}:{mode}"
+
+    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
+        pages = self._pages(upload["content_type"], content)
+        numbers, images = [], []
+        for page in pages:
+            if page.image is not None:
+                numbers.append(page.number)
+                images.append(page.image)
+        read = dict(zip(numbers, self._engine.recognize(images), strict=True))
+        result = []
+        for page in pages:
+            text = read.get(page.number)
+            if text is None:
+                result.append(
+                    {"page": page.number, "source": "text-layer", "text": page.text, "confidence": 1.0}
+                )
+            else:
+                lines = [list(line) for line in text.lines]
+                result.append(
+                    {
+                        "page": page.number,
+                        "source": "ocr",
+                        "text": text.text,
+                        "confidence": text.confidence,
+                        "lines": lines,
+                    }
+                )
+        stored = {"engine": f"{ENGINE}/{self._engine.provider}", "pages": result}
+        return json.dumps(stored).encode(), self.summarise_pages(stored)
+
+    def summarise(self, stored: bytes) -> dict[str, Any]:
+        return self.summarise_pages(json.loads(stored))
+
+    @staticmethod
+    def summarise_pages(stored: dict[str, Any]) -> dict[str, Any]:
+        pages = stored["pages"]
+        read = [p["confidence"] for p in pages if p["source"] == "ocr"]
+        return {
+            "pages": len(pages),
+            "pages_ocr": len(read),
+            "mean_confidence": sum(read) / len(read) if read else 1.0,
+            "engine": stored["engine"],
+        }
+
+    def _pages(self, content_type: str, content: bytes) -> list[Page]:
+        if content_type.startswith("text/"):
+            try:
+                return [Page(1, content.decode("utf-8"), None)]
+            except UnicodeDecodeError as exc:
+                raise PermanentError(f"text document is not UTF-8: {exc}") from exc
+        s = self._settings
+        return render_pages(
+            content,
+            dpi=s.dpi,
+            max_pages=s.max_pages,
+            max_pixels=s.max_pixels,
+            content_type=content_type,
+            always_ocr=s.always_ocr,
+        )

@@ -1,0 +1,99 @@
+"""The OCR group on a real broker: text layers kept, scans read, broken files dead-lettered."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumers.ocr.engine import OcrEngine
+from consumers.ocr.metrics import cer
+from consumers.ocr.worker import OcrStage
+from consumers.runtime import Worker
+from consumers.runtime import headers as hdr
+from consumers.stage import stage_handler, upload_decoder
+from docstream.blobstore import BlobStore
+from docstream.settings import OcrSettings, RuntimeSettings
+from producers.documents import SAMPLE_TEXTS, broken_pdf, scanned_pdf, text_pdf
+from producers.publisher import Publisher
+from schemas.codec import make_codec
+
+
+def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    name = uuid.uuid4().hex[:8]
+    source, results, group = f"uploads-{name}", f"ocr-done-{name}", f"test.ocr.{name}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_topics(
+        [NewTopic(t, 1, 1) for t in (source, results, f"{group}.retry", f"{group}.dlq")]
+    ).values():
+        future.result()
+    connection = {"bootstrap.servers": kafka_bootstrap}
+    codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
+    memo = SAMPLE_TEXTS["memo-q3"][0]
+    with Publisher(connection, codec=codec, blobs=blobs) as publisher:
+        scanned = publisher.publish_document(scanned_pdf([memo]), tenant="acme", topic=source)
+        layered = publisher.publish_document(
+            text_pdf(["Typed text", "second page"]), tenant="acme", topic=source
+        )
+        broken = publisher.publish_document(
+            broken_pdf(), tenant="acme", topic=source, content_type="application/pdf"
+        )
+
+    settings = OcrSettings(providers=("CPUExecutionProvider",))
+    stage = OcrStage(OcrEngine(settings.providers, det_max_side=settings.det_max_side), settings, results)
+    worker = Worker(
+        group_id=group,
+        topics=[source],
+        handler=stage_handler(stage, blobs, codec),
+        decoder=upload_decoder(codec),
+        connection=connection,
+        runtime=RuntimeSettings(concurrency=1),
+    )
+    deadline = time.monotonic() + 120
+    stats = worker.run(until=lambda s: s.handled + s.dead_lettered >= 3 or time.monotonic() > deadline)
+    assert (stats.handled, stats.dead_lettered) == (2, 1)
+
+    done = {
+        e["document_id"]: e
+        for e in (codec.decode("doc.ocr.done", v) for v in _values(kafka_bootstrap, results, 2))
+    }
+    assert (done[scanned.document_id]["pages"], done[scanned.document_id]["pages_ocr"]) == (1, 1)
+    assert (done[layered.document_id]["pages"], done[layered.document_id]["pages_ocr"]) == (2, 0)
+    assert done[scanned.document_id]["engine"] == "rapidocr-3.10.0/CPUExecutionProvider"
+    stored = json.loads(blobs.get(done[scanned.document_id]["result_uri"]))
+    error_rate = cer(memo, stored["pages"][0]["text"])
+    print(f"OCR character error rate on the scanned memo: {error_rate:.2%}")
+    assert error_rate < 0.02
+
+    (dead,) = _messages(kafka_bootstrap, f"{group}.dlq", 1)
+    headers = hdr.to_dict(dead.headers())
+    assert dead.key() == broken.document_id.encode()
+    assert headers[hdr.ERROR_CLASS] == "docstream.errors.PermanentError"
+    assert headers[hdr.ERROR_MESSAGE].startswith("not a readable PDF")
+
+
+def _messages(bootstrap: str, topic: str, count: int) -> list[object]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    found: list[object] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                found.append(msg)
+        return found
+    finally:
+        consumer.close()
+
+
+def _values(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    return [m.value() for m in _messages(bootstrap, topic, count)]  # type: ignore[attr-defined]
