@@ -54,22 +54,36 @@ def stage_handler(
             blobs.put_result(stage.name, key, result)
         else:
             fields = stage.summarise(stored)
-        completion = {
-            "document_id": upload["document_id"],
-            "tenant": upload["tenant"],
-            "content_sha256": upload["content_sha256"],
-            "idempotency_key": key,
-            "stage": stage.name,
-            "model_version": stage.version,
-            "result_uri": blobs.uri(blobs.result_path(stage.name, key)),
-            "completed_at": int(clock() * 1000),
-            "processing_ms": int((clock() - started) * 1000),
-            "upload_at": upload["uploaded_at"],
-            **fields,
-        }
-        ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, completion))  # 3.
+        event = completion(stage.name, stage.version, blobs, upload, key, fields, started, clock)
+        ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))  # 3.
 
     return handle
+
+
+def completion(
+    stage: str,
+    version: str,
+    blobs: BlobStore,
+    document: dict[str, Any],
+    key: str,
+    fields: dict[str, Any],
+    started: float,
+    clock: Callable[[], float],
+) -> dict[str, Any]:
+    """The completion event of a stage for a document (`doc.uploaded` or an earlier completion)."""
+    return {
+        "document_id": document["document_id"],
+        "tenant": document["tenant"],
+        "content_sha256": document["content_sha256"],
+        "idempotency_key": key,
+        "stage": stage,
+        "model_version": version,
+        "result_uri": blobs.uri(blobs.result_path(stage, key)),
+        "completed_at": int(clock() * 1000),
+        "processing_ms": int((clock() - started) * 1000),
+        "upload_at": document.get("uploaded_at", document.get("upload_at")),
+        **fields,
+    }
 
 
 def upload_decoder(codec: Codec) -> Callable[[Any, Context], dict[str, Any]]:

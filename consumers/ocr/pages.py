@@ -191,3 +191,35 @@ def _preview_page(document: Any, index: int, long_side: int, max_pixels: int) ->
         return _render(page, number, dpi)
     finally:
         page.close()
+
+
+def text_layers(content: bytes, *, content_type: str, max_pages: int) -> list[str]:
+    """Each page's text layer ("" for a page without one), without rendering anything.
+
+    Plain-text documents are one page of their own text; images have no text layer.
+    """
+    if content_type.startswith("text/"):
+        try:
+            return [content.decode("utf-8")]
+        except UnicodeDecodeError as exc:
+            raise PermanentError(f"text document is not UTF-8: {exc}") from exc
+    if content_type in IMAGE_TYPES:
+        return [""]
+    if content_type != PDF:
+        raise PermanentError(f"unsupported content type {content_type!r}")
+    with PDFIUM_LOCK, _open_pdf(content) as document:
+        count = len(document)
+        if count > max_pages:
+            raise PermanentError(f"too many pages: {count} > max_pages={max_pages}")
+        return [_page_text(document, index) for index in range(count)]
+
+
+def _page_text(document: Any, index: int) -> str:
+    try:
+        page = document[index]
+    except pdfium.PdfiumError as exc:
+        raise PermanentError(f"page {index + 1} is not readable: {exc}") from exc
+    try:
+        return _text_layer(page).strip()
+    finally:
+        page.close()

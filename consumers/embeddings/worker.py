@@ -1,0 +1,111 @@
+"""The embeddings stage: every page's text in chunks, each chunk a unit vector.
+
+It reads two topics. A `doc.uploaded` document whose pages all have text (a text layer, or
+plain text) is embedded at once. One with pages that need OCR is left to its `doc.ocr.done`
+event, whose result object holds every page's text; a `doc.ocr.done` without OCR'd pages is
+ignored, as its upload was embedded already. Either way the effect is keyed by content,
+stage and version, so a document is embedded once, whichever event comes first or twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from consumers.embeddings.chunking import chunk_page
+from consumers.embeddings.model import EmbeddingModel
+from consumers.ocr.pages import text_layers
+from consumers.runtime import Context, Handler
+from consumers.stage import completion
+from docstream.blobstore import BlobStore
+from docstream.idempotency import idempotency_key
+from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE
+from schemas.codec import Codec
+
+Pages = list[tuple[int, str]]  # (page number, text)
+
+
+class EmbeddingStage:
+    """Chunks and vectors of a document's pages (`consumers.stage.Stage`-like, two inputs)."""
+
+    name = "embeddings"
+    result_event = "doc.embedded"
+
+    def __init__(
+        self, model: EmbeddingModel, *, max_words: int = 120, overlap: int = 20, result_topic: str = EMBEDDED
+    ) -> None:
+        self._model, self._max_words, self._overlap = model, max_words, overlap
+        self.result_topic = result_topic
+        self.version = f"{model.model_version}:chunks{max_words}/{overlap}"
+
+    def compute(self, pages: Pages) -> tuple[bytes, dict[str, Any]]:
+        chunks: list[dict[str, Any]] = [
+            {
+                "page": number,
+                "index": c.index,
+                "text": c.text,
+                "char_start": c.char_start,
+                "char_end": c.char_end,
+            }
+            for number, text in pages
+            for c in chunk_page(text, max_words=self._max_words, overlap=self._overlap)
+        ]
+        vectors = self._model.embed([c["text"] for c in chunks])
+        for chunk, vector in zip(chunks, vectors, strict=True):
+            chunk["vector"] = [round(float(x), 6) for x in vector]
+        stored = {"model": self._model.model_version, "dimensions": self._model.dimensions, "chunks": chunks}
+        return json.dumps(stored).encode(), self.summarise_chunks(stored)
+
+    def summarise(self, stored: bytes) -> dict[str, Any]:
+        return self.summarise_chunks(json.loads(stored))
+
+    @staticmethod
+    def summarise_chunks(stored: dict[str, Any]) -> dict[str, Any]:
+        return {"chunks": len(stored["chunks"]), "dimensions": stored["dimensions"], "model": stored["model"]}
+
+
+def embeddings_handler(
+    stage: EmbeddingStage,
+    blobs: BlobStore,
+    codec: Codec,
+    *,
+    uploads: str = DOC_UPLOADED,
+    ocr_done: str = OCR_DONE,
+    max_pages: int = 200,
+    clock: Callable[[], float] = time.time,
+) -> Handler:
+    """The runtime handler: decodes by topic, finds the pages' text, embeds once per key."""
+
+    def pages_of(message: Any) -> tuple[dict[str, Any], Pages | None]:
+        if message.topic() == ocr_done:
+            done = codec.decode("doc.ocr.done", message.value() or b"", topic=message.topic())
+            if done["pages_ocr"] == 0:
+                return done, None  # no OCR was needed: the upload was embedded already
+            stored = json.loads(blobs.get(done["result_uri"]))
+            return done, [(p["page"], p["text"]) for p in stored["pages"]]
+        upload = codec.decode("doc.uploaded", message.value() or b"", topic=message.topic())
+        texts = text_layers(
+            blobs.get(upload["blob_uri"]), content_type=upload["content_type"], max_pages=max_pages
+        )
+        if not all(text.strip() for text in texts):
+            return upload, None  # some pages need OCR: wait for doc.ocr.done
+        return upload, list(enumerate(texts, start=1))
+
+    def handle(message: Any, ctx: Context) -> None:
+        started = clock()
+        document, pages = pages_of(message)
+        if pages is None:
+            return
+        key = idempotency_key(document["content_sha256"], stage.name, stage.version)
+        stored = blobs.get_result(stage.name, key)
+        if stored is None:
+            result, fields = stage.compute(pages)
+            blobs.put_result(stage.name, key, result)
+        else:
+            fields = stage.summarise(stored)
+        event = completion(stage.name, stage.version, blobs, document, key, fields, started, clock)
+        ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))
+
+    return handle

@@ -1,0 +1,108 @@
+"""The embeddings group on a real broker: text layers embedded from doc.uploaded, scans after OCR."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumers.embeddings.model import EmbeddingModel
+from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
+from consumers.ocr.engine import OcrEngine
+from consumers.ocr.worker import OcrStage
+from consumers.runtime import Worker
+from consumers.stage import stage_handler, upload_decoder
+from docstream.blobstore import BlobStore
+from docstream.settings import OcrSettings, RuntimeSettings
+from producers.documents import SAMPLE_TEXTS, scanned_pdf, text_pdf
+from producers.publisher import Publisher
+from schemas.codec import make_codec
+
+
+def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    name = uuid.uuid4().hex[:8]
+    uploads, ocr_done, embedded = f"uploads-{name}", f"ocr-done-{name}", f"embedded-{name}"
+    ocr_group, emb_group = f"test.ocr.{name}", f"test.emb.{name}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    names = [uploads, ocr_done, embedded] + [
+        f"{g}.{k}" for g in (ocr_group, emb_group) for k in ("retry", "dlq")
+    ]
+    for future in admin.create_topics([NewTopic(t, 1, 1) for t in names]).values():
+        future.result()
+    connection = {"bootstrap.servers": kafka_bootstrap}
+    codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
+    contract = "\n".join(SAMPLE_TEXTS["contract-summary"])
+    memo = SAMPLE_TEXTS["memo-q3"][0]
+    with Publisher(connection, codec=codec, blobs=blobs) as publisher:
+        typed = publisher.publish_document(text_pdf([contract]), tenant="acme", topic=uploads)
+        scanned = publisher.publish_document(scanned_pdf([memo]), tenant="acme", topic=uploads)
+
+    ocr_settings = OcrSettings(providers=("CPUExecutionProvider",))
+    ocr = OcrStage(OcrEngine(ocr_settings.providers), ocr_settings, result_topic=ocr_done)
+    _run(
+        Worker(
+            group_id=ocr_group,
+            topics=[uploads],
+            handler=stage_handler(ocr, blobs, codec),
+            decoder=upload_decoder(codec),
+            connection=connection,
+            runtime=RuntimeSettings(concurrency=1),
+        ),
+        2,
+    )
+
+    model = EmbeddingModel(providers=("CPUExecutionProvider",))
+    stage = EmbeddingStage(model, result_topic=embedded)
+    handler = embeddings_handler(stage, blobs, codec, uploads=uploads, ocr_done=ocr_done)
+    _run(
+        Worker(
+            group_id=emb_group,
+            topics=[uploads, ocr_done],
+            handler=handler,
+            connection=connection,
+            runtime=RuntimeSettings(concurrency=2),
+        ),
+        4,
+    )
+
+    events = [codec.decode("doc.embedded", v) for v in _values(kafka_bootstrap, embedded, 3)]
+    assert sorted(e["document_id"] for e in events) == sorted([typed.document_id, scanned.document_id]), (
+        "one doc.embedded per document: the scan's upload waits for its OCR, the typed one's OCR is ignored"
+    )
+    chunks = {e["document_id"]: json.loads(blobs.get(e["result_uri"]))["chunks"] for e in events}
+    query = model.embed(["When do we meet to plan the third quarter?"])[0]
+    best = max(
+        ((doc, float(np.dot(query, c["vector"]))) for doc, cs in chunks.items() for c in cs),
+        key=lambda x: x[1],
+    )
+    assert best[0] == scanned.document_id, "the OCR'd memo answers a paraphrased question about the meeting"
+
+
+def _run(worker: Worker, handled: int) -> None:
+    deadline = time.monotonic() + 120
+    stats = worker.run(until=lambda s: s.handled >= handled or time.monotonic() > deadline)
+    assert stats.handled >= handled and stats.dead_lettered == 0, stats
+
+
+def _values(bootstrap: str, topic: str, at_most: int) -> list[bytes]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    found: list[bytes] = []
+    deadline = time.monotonic() + 10
+    try:
+        while len(found) < at_most and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                found.append(msg.value())
+        return found
+    finally:
+        consumer.close()
