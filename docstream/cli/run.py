@@ -1,202 +1,265 @@
-"""`docstream demo`: the main job until the workers exist (issue 3 replaces the handler).
+"""`docstream worker NAME` runs one group's worker; `docstream demo` is the job `make run` runs.
 
-Publishes the bundled sample documents and one undecodable event, runs a consumer group on
-the shared runtime over them, and prints what happened to each: partition and offset, the
-result object written under its idempotency key, or the dead-letter reason.
+The demo publishes the generated sample documents (and one undecodable event), runs the OCR,
+embeddings and thumbnails groups side by side on the shared runtime until every group's lag
+is zero, and prints what happened to each document: pages, an OCR excerpt, chunks,
+thumbnails, or the dead-letter reason per group.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+import uuid
 from typing import Any
 
 import typer
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers.runtime import Context, Worker
+from consumers.groups import WORKER_GROUPS, build_worker
+from consumers.lag import offset_lag
+from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
-from docstream.errors import BrokerError
-from docstream.idempotency import idempotency_key
+from docstream.errors import BrokerError, DocstreamError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
-from docstream.topology import DOC_UPLOADED, dead_letter_topic, declared_topics, group_id, group_topics
+from docstream.topology import (
+    DOC_UPLOADED,
+    EMBEDDED,
+    GROUPS,
+    OCR_DONE,
+    THUMBNAILED,
+    dead_letter_topic,
+    declared_topics,
+    group_id,
+)
 from infra import broker as local_broker
 from infra.topics import ensure_topics
 from producers.publisher import PublishedDocument, Publisher
 from producers.samples import BROKEN_EVENT, sample_documents
 from schemas.codec import make_codec
 
-DEMO_GROUP = "demo"
-DEMO_VERSION = "v1"
-
 
 def register(app: typer.Typer) -> None:
     app.command(name="demo")(demo)
+    app.command(name="worker")(worker)
+
+
+@reports_errors
+def worker(name: str = typer.Argument(..., help=f"one of {', '.join(WORKER_GROUPS)}")) -> None:
+    """Run one worker of a group until SIGTERM / SIGINT (graceful: finish, commit, leave)."""
+    s = settings()
+    member = build_worker(name, s)
+    member.install_signal_handlers()
+    console.print(f"worker {name}: group {member.group_id}, topics {', '.join(member.topics)}")
+    stats = member.run()
+    console.print(f"worker {name} stopped: {stats.handled} handled, {stats.dead_lettered} dead-lettered")
 
 
 @reports_errors
 def demo(
-    timeout: float = typer.Option(120.0, help="give up waiting for the group after this many seconds"),
+    timeout: float = typer.Option(600.0, help="give up waiting for the groups after this many seconds"),
 ) -> None:
-    """Publish the sample documents, run a consumer group over them, print a summary."""
+    """Publish the sample documents, run the worker groups until their lag is zero, summarise."""
     s = settings()
     started = time.monotonic()
     if s.uses_local_broker and not local_broker.for_settings(s).status().running:
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
-    gid = group_id(DEMO_GROUP, s.group_prefix)
-    conn = connection_config(s)
     ensure_topics(
-        conn,
-        declared_topics(s.topic_partitions, s.group_prefix) + group_topics(gid, s.topic_partitions),
+        connection_config(s),
+        declared_topics(s.topic_partitions, s.group_prefix),
         replication_factor=s.replication_factor,
     )
-    published = _publish(s)
-    results: dict[str, dict[str, Any]] = {}
-    worker = _worker(s, gid, results)
-    wanted = {doc.document_id for doc in published}
-    deadline = time.monotonic() + timeout
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"group {gid} handling", total=len(wanted) + 1)
-
-        def done(stats: Any) -> bool:
-            finished = len(wanted & results.keys()) + min(stats.dead_lettered, 1)
-            progress.update(task, completed=finished)
-            return finished == len(wanted) + 1 or time.monotonic() > deadline
-
-        worker.run(until=done)
-    _print_summary(s, gid, published, results, time.monotonic() - started)
+        task = progress.add_task("loading models", total=None)
+        workers = [build_worker(name, s) for name in WORKER_GROUPS]
+        progress.update(task, description="publishing the sample documents")
+        published = _publish(s)
+        _run_until_caught_up(s, workers, progress, task, timeout)
+    _print_summary(s, published, time.monotonic() - started)
 
 
-def _publish(s: Settings) -> list[PublishedDocument]:
-    samples = sample_documents()
+def _publish(s: Settings) -> list[tuple[str, PublishedDocument]]:
     published = []
-    with Publisher.from_settings(s) as publisher, Progress(console=console, transient=True) as progress:
-        for sample in progress.track(samples, description="publishing samples"):
-            published.append(
-                publisher.publish_document(
-                    sample.content, tenant=sample.tenant, attributes={"name": sample.name}
-                )
+    with Publisher.from_settings(s) as publisher:
+        for sample in sample_documents():
+            doc = publisher.publish_document(
+                sample.content,
+                tenant=sample.tenant,
+                content_type=sample.content_type,
+                attributes={"name": sample.name},
             )
-        publisher.publish_raw(DOC_UPLOADED, b"broken-event", BROKEN_EVENT)
+            published.append((sample.name, doc))
+        publisher.publish_raw(DOC_UPLOADED, f"undecodable-{uuid.uuid4().hex[:8]}".encode(), BROKEN_EVENT)
         publisher.flush()
     return published
 
 
-def _worker(s: Settings, gid: str, results: dict[str, dict[str, Any]]) -> Worker:
-    codec = make_codec(s.schema_registry_url)
-    blobs = BlobStore(s.blob_root)
-
-    def decode(message: Message, ctx: Context) -> dict[str, Any]:
-        return codec.decode(
-            "doc.uploaded", message.value() or b"", topic=message.topic(), coordinates=ctx.coordinates
-        )
-
-    def handle(message: Message, ctx: Context) -> None:
-        event = ctx.record
-        key = idempotency_key(event["content_sha256"], DEMO_GROUP, DEMO_VERSION)
-        existing = blobs.get_result(DEMO_GROUP, key)  # unchanged content and version: no work
-        if existing is not None:
-            summary, created = json.loads(existing), False
-        else:
-            content = blobs.get(event["blob_uri"])
-            first_line = content.decode(errors="replace").split("\n")[0]
-            summary = {"first_line": first_line, "bytes": len(content)}
-            created = blobs.put_result(DEMO_GROUP, key, json.dumps(summary).encode())
-        results[event["document_id"]] = {
-            "key": key,
-            "created": created,
-            "attempt": ctx.attempt,
-            "coordinates": ctx.coordinates,
-            **summary,
-        }
-
-    return Worker(
-        group_id=gid,
-        topics=[DOC_UPLOADED],
-        handler=handle,
-        decoder=decode,
-        connection=connection_config(s),
-        runtime=s.runtime,
-    )
-
-
-def _print_summary(
-    s: Settings,
-    gid: str,
-    published: list[PublishedDocument],
-    results: dict[str, dict[str, Any]],
-    elapsed: float,
+def _run_until_caught_up(
+    s: Settings, workers: list[Worker], progress: Progress, task: Any, timeout: float
 ) -> None:
-    table = Table(title=f"doc.uploaded through group {gid}")
-    for column in ("document", "tenant", "partition@offset", "content (sha256)", "outcome"):
+    """Run the workers in threads until every group has committed everything it reads."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(member: Worker) -> None:
+        try:
+            member.run(until=lambda _: stop.is_set())
+        except BaseException as exc:  # reported below; the other workers stop too
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=run, args=(w,), name=w.group_id) for w in workers]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not stop.is_set():
+            lags = {w.group_id: offset_lag(connection_config(s), w.group_id, w.topics) for w in workers}
+            waiting = ", ".join(f"{g.removeprefix(s.group_prefix)} {lag}" for g, lag in lags.items())
+            progress.update(task, description=f"groups working; lag: {waiting}")
+            if not any(lags.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0] if isinstance(errors[0], DocstreamError) else DocstreamError(repr(errors[0]))
+    if time.monotonic() > deadline:
+        raise DocstreamError(f"the groups did not catch up within {timeout:.0f} s")
+
+
+def _print_summary(s: Settings, published: list[tuple[str, PublishedDocument]], elapsed: float) -> None:
+    ids = {doc.document_id for _, doc in published}
+    codec, blobs = make_codec(s.schema_registry_url), BlobStore(s.blob_root)
+    results = {
+        topic: {
+            e["document_id"]: e
+            for e in (codec.decode(event, v) for _, v in _read(s, topic))
+            if e["document_id"] in ids
+        }
+        for topic, event in (
+            (OCR_DONE, "doc.ocr.done"),
+            (EMBEDDED, "doc.embedded"),
+            (THUMBNAILED, "doc.thumbnailed"),
+        )
+    }
+    dead = {name: _dead_letters(s, group_id(name, s.group_prefix)) for name in WORKER_GROUPS}
+    table = Table(title="sample documents through the ocr, embeddings and thumbnails groups")
+    for column in ("document", "tenant", "at", "pages", "OCR / text excerpt", "chunks", "thumbnails"):
         table.add_column(column, overflow="fold")
-    names = [sample.name for sample in sample_documents()]
-    for name, doc in zip(names, published, strict=True):
-        result = results.get(doc.document_id)
-        outcome = "[red]not handled[/red]"
-        if result:
-            effect = "result written" if result["created"] else "same result existed"
-            outcome = f"handled (attempt {result['attempt']}), {effect}: {result['first_line']}"
-        stored = "stored" if doc.stored else "deduplicated"
+    for name, doc in published:
+        ocr = results[OCR_DONE].get(doc.document_id)
+        embedded = results[EMBEDDED].get(doc.document_id)
+        thumbs = results[THUMBNAILED].get(doc.document_id)
+        reason = dead["ocr"].get(doc.document_id)
         table.add_row(
             name,
             doc.tenant,
             f"{doc.delivery.partition}@{doc.delivery.offset}",
-            f"{doc.content_sha256[:12]} {stored}",
-            outcome,
+            f"{ocr['pages']} ({ocr['pages_ocr']} by OCR)" if ocr else "",
+            _excerpt(blobs, ocr)
+            if ocr
+            else f"[yellow]dead-lettered[/yellow]: {reason}"
+            if reason
+            else "[red]missing[/red]",
+            str(embedded["chunks"]) if embedded else "",
+            "\n".join(
+                size["uri"].rsplit("/", 1)[-1][:12] + f" {size['width']}x{size['height']}"
+                for size in thumbs["sizes"]
+            )
+            if thumbs
+            else "",
         )
-    for reason in _dead_letters(s, gid):
-        outcome = f"[yellow]dead-lettered[/yellow]: {reason['error']}"
-        table.add_row("(an undecodable event)", "", reason["where"], "", outcome)
-    out = Console(width=max(150, Console().width))
+    for key, reason in dead["ocr"].items():
+        if key.startswith("undecodable-"):
+            table.add_row(
+                "(an undecodable event)", "", "", "", f"[yellow]dead-lettered[/yellow]: {reason}", "", ""
+            )
+    out = Console(width=max(160, Console().width))
     out.print(table)
-    lag = _lag(s, gid)
+    lags = {
+        name: offset_lag(connection_config(s), group_id(name, s.group_prefix), _inputs(name))
+        for name in WORKER_GROUPS
+    }
     out.print(
-        f"group {gid}: lag {lag} on {DOC_UPLOADED}; {len(results)} documents handled in {elapsed:.1f} s"
+        f"{len(published)} documents in {elapsed:.1f} s; lag per group: "
+        + ", ".join(f"{name} {lag}" for name, lag in lags.items())
+        + f"; blobs under {s.blob_root}"
     )
 
 
-def _dead_letters(s: Settings, gid: str) -> list[dict[str, str]]:
+def _inputs(name: str) -> list[str]:
+    return list(next(g.inputs for g in GROUPS if g.name == name))
+
+
+def _excerpt(blobs: BlobStore, ocr: dict[str, Any]) -> str:
+    pages = json.loads(blobs.get(ocr["result_uri"]))["pages"]
+    text = " ".join(" ".join(p["text"].split()) for p in pages)
+    return text[:90] + ("..." if len(text) > 90 else "")
+
+
+def _read(s: Settings, topic: str) -> list[tuple[bytes, bytes]]:
+    """Every record of `topic`, read from the beginning by a throw-away reader."""
     consumer = Consumer(
         {
             **connection_config(s),
-            "group.id": f"{gid}.demo-reader",
+            "group.id": f"docstream.demo-reader.{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.subscribe([topic])
+    records: list[tuple[bytes, bytes]] = []
+    finished: set[int] = set()
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.5):
+                error = msg.error()
+                if error is None:
+                    records.append((msg.key() or b"", msg.value() or b""))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    finished.add(msg.partition() or 0)
+            assignment = consumer.assignment()
+            if assignment and finished >= {tp.partition for tp in assignment}:
+                break
+        return records
+    finally:
+        consumer.close()
+
+
+def _dead_letters(s: Settings, gid: str) -> dict[str, str]:
+    """Key (document id) -> "ErrorClass: message" of the group's dead-letter records."""
+    reasons: dict[str, str] = {}
+    consumer = Consumer(
+        {
+            **connection_config(s),
+            "group.id": f"docstream.demo-reader.{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
         }
     )
     consumer.subscribe([dead_letter_topic(gid)])
-    found: list[dict[str, str]] = []
     deadline = time.monotonic() + 5
     try:
-        while time.monotonic() < deadline and not found:
-            for msg in consumer.consume(100, 0.5):
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.5):
                 if msg.error() is None:
                     h = hdr.to_dict(msg.headers() or [])  # type: ignore[arg-type]  # consumed headers are a list
-                    found.append(
-                        {
-                            "where": f"{h.get(hdr.ORIGINAL_PARTITION)}@{h.get(hdr.ORIGINAL_OFFSET)}",
-                            "error": f"{h.get(hdr.ERROR_CLASS, '').rsplit('.', 1)[-1]}: "
-                            f"{h.get(hdr.ERROR_MESSAGE, '')[:200]}",
-                        }
+                    error = h.get(hdr.ERROR_CLASS, "").rsplit(".", 1)[-1]
+                    reasons[(msg.key() or b"").decode(errors="replace")] = (
+                        f"{error}: {h.get(hdr.ERROR_MESSAGE, '')[:160]}"
                     )
-        return found[-1:]
-    finally:
-        consumer.close()
-
-
-def _lag(s: Settings, gid: str) -> int:
-    consumer = Consumer({**connection_config(s), "group.id": gid})
-    try:
-        parts = [TopicPartition(DOC_UPLOADED, p) for p in range(s.topic_partitions)]
-        committed = consumer.committed(parts, timeout=10)
-        ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts]
-        return sum(end - max(tp.offset, 0) for tp, end in zip(committed, ends, strict=True))
+        return reasons
     finally:
         consumer.close()
