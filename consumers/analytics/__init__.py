@@ -1,0 +1,35 @@
+"""The analytics rollup's pure parts: tumbling-window rollups and mergeable latency sketches.
+
+`windows` folds doc.uploaded and stage-completion events into 1-minute and 1-hour windows per
+(tenant, content type); `sketch` is the latency histogram each rollup keeps per stage. Neither
+imports Kafka: the worker that feeds them (and commits their output) lives elsewhere.
+"""
+
+from consumers.analytics.sketch import LatencySketch, merged
+from consumers.analytics.windows import (
+    HOUR_MS,
+    MINUTE_MS,
+    STAGES,
+    Completion,
+    Rollup,
+    RollupTable,
+    Upload,
+    completion_from_record,
+    upload_from_record,
+    window_start,
+)
+
+__all__ = [
+    "HOUR_MS",
+    "MINUTE_MS",
+    "STAGES",
+    "Completion",
+    "LatencySketch",
+    "Rollup",
+    "RollupTable",
+    "Upload",
+    "completion_from_record",
+    "merged",
+    "upload_from_record",
+    "window_start",
+]
