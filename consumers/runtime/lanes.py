@@ -102,6 +102,11 @@ class LaneContext:
     def coordinates(self) -> str:
         return f"{self.raw.topic()}[{self.raw.partition()}]@{self.raw.offset()}"
 
+    def defer(self) -> Callable[[BaseException | None], None]:
+        event = self.held()
+        event.emitted += 1
+        return partial(_deferred_done, self._on_ack, event)
+
     def emit(
         self, topic: str, key: bytes | None, value: bytes, headers: hdr.HeaderList | None = None
     ) -> None:
@@ -115,6 +120,12 @@ class LaneContext:
                 return
             except BufferError:  # the producer's queue is full: let deliveries drain, try again
                 self._producer.poll(0.05)
+
+
+def _deferred_done(
+    on_ack: Callable[[Event, Any, Any], None], event: Event, error: BaseException | None = None
+) -> None:
+    on_ack(event, error, None)
 
 
 Reroute = Callable[[Event, BaseException, str], Route]  # produce retry / DLQ record, say which

@@ -280,7 +280,9 @@ class Worker:
 
     def _settle_ack(self, event: Event, err: Any) -> None:
         event.acked += 1
-        if err is not None:
+        if isinstance(err, BaseException):  # a deferred completion that failed
+            event.failure = err
+        elif err is not None:
             event.failure = KafkaError(f"result event not delivered: {err}", retriable=True)
         self._maybe_finish(event)
 

@@ -95,6 +95,14 @@ class Context(Protocol):
     ) -> None:
         """Produce a result event; the message counts as done only once it is acknowledged."""
 
+    def defer(self) -> Callable[[BaseException | None], None]:
+        """Make the message's completion wait for the returned callable (for batching sinks).
+
+        Call it, from any thread, with None once the effect is durable (say, its batch was
+        inserted), or with the exception that failed it: the message then goes to the retry or
+        dead-letter topic as if its handler had raised that exception.
+        """
+
 
 class Handler(Protocol):
     """A stage's work on one message. Raise TransientError / PermanentError to classify."""

@@ -382,3 +382,27 @@ def test_sigterm_finishes_in_flight_work_commits_and_leaves(
     assert set(range(committed)) <= handled and committed not in handled, (
         "the committed offset covers exactly the handled prefix of the partition"
     )
+
+
+def test_a_deferred_effect_moves_the_offset_only_once_completed(group: Callable[[int], Group]) -> None:
+    """A batching sink defers completion: uncompleted messages are redelivered, completed ones not."""
+    g = group(1)
+    g.produce([(f"k{i}".encode(), b"row") for i in range(3)])
+    pending: list[Callable[[BaseException | None], None]] = []
+    first = g.worker(lambda message, ctx: pending.append(ctx.defer()), commit_interval_ms=100)
+    started = time.monotonic()
+    run_until(first, lambda s: s.handled >= 3 and time.monotonic() - started > 1.5)
+    assert len(pending) == 3 and g.committed() == {0: 0}, "nothing completed, nothing committed"
+
+    def complete_later(message: Message, ctx: Context) -> None:
+        done = ctx.defer()
+        failure = TransientError("insert timed out") if message.key() == b"k2" and ctx.attempt == 1 else None
+        threading.Timer(0.2, done, args=(failure,)).start()  # as a sink's flush thread would
+
+    second = g.worker(complete_later)
+    stats = run_until(second, lambda s: s.handled >= 4 and committed_at(g, 3))
+    assert stats.retried == 1, "a deferred failure takes the retry path like a raised one"
+
+
+def committed_at(g: Group, offset: int) -> bool:
+    return g.committed() == {0: offset}
