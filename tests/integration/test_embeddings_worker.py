@@ -8,8 +8,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_helpers import create_topics, read_messages
 
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
@@ -30,12 +29,8 @@ def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
     name = uuid.uuid4().hex[:8]
     uploads, ocr_done, embedded = f"uploads-{name}", f"ocr-done-{name}", f"embedded-{name}"
     ocr_group, emb_group = f"test.ocr.{name}", f"test.emb.{name}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    names = [uploads, ocr_done, embedded] + [
-        f"{g}.{k}" for g in (ocr_group, emb_group) for k in ("retry", "dlq")
-    ]
-    for future in admin.create_topics([NewTopic(t, 1, 1) for t in names]).values():
-        future.result()
+    retry_and_dlq = [f"{g}.{kind}" for g in (ocr_group, emb_group) for kind in ("retry", "dlq")]
+    create_topics(kafka_bootstrap, [uploads, ocr_done, embedded, *retry_and_dlq])
     connection = {"bootstrap.servers": kafka_bootstrap}
     codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
     contract = "\n".join(SAMPLE_TEXTS["contract-summary"])
@@ -72,7 +67,10 @@ def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
         4,
     )
 
-    events = [codec.decode("doc.embedded", v) for v in _values(kafka_bootstrap, embedded, 3)]
+    events = [
+        codec.decode("doc.embedded", m.value())
+        for m in read_messages(kafka_bootstrap, embedded, 3, timeout=10)
+    ]
     assert sorted(e["document_id"] for e in events) == sorted([typed.document_id, scanned.document_id]), (
         "one doc.embedded per document: the scan's upload waits for its OCR, the typed one's OCR is ignored"
     )
@@ -89,20 +87,3 @@ def _run(worker: Worker, handled: int) -> None:
     deadline = time.monotonic() + 120
     stats = worker.run(until=lambda s: s.handled >= handled or time.monotonic() > deadline)
     assert stats.handled >= handled and stats.dead_lettered == 0, stats
-
-
-def _values(bootstrap: str, topic: str, at_most: int) -> list[bytes]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[bytes] = []
-    deadline = time.monotonic() + 10
-    try:
-        while len(found) < at_most and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                found.append(msg.value())
-        return found
-    finally:
-        consumer.close()

@@ -7,8 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_helpers import create_topics, read_messages
 
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.metrics import cer
@@ -28,11 +27,7 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
 ) -> None:
     name = uuid.uuid4().hex[:8]
     source, results, group = f"uploads-{name}", f"ocr-done-{name}", f"test.ocr.{name}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for future in admin.create_topics(
-        [NewTopic(t, 1, 1) for t in (source, results, f"{group}.retry", f"{group}.dlq")]
-    ).values():
-        future.result()
+    create_topics(kafka_bootstrap, [source, results, f"{group}.retry", f"{group}.dlq"])
     connection = {"bootstrap.servers": kafka_bootstrap}
     codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
     memo = SAMPLE_TEXTS["memo-q3"][0]
@@ -61,7 +56,7 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
 
     done = {
         e["document_id"]: e
-        for e in (codec.decode("doc.ocr.done", v) for v in _values(kafka_bootstrap, results, 2))
+        for e in (codec.decode("doc.ocr.done", m.value()) for m in read_messages(kafka_bootstrap, results, 2))
     }
     assert (done[scanned.document_id]["pages"], done[scanned.document_id]["pages_ocr"]) == (1, 1)
     assert (done[layered.document_id]["pages"], done[layered.document_id]["pages_ocr"]) == (2, 0)
@@ -71,29 +66,8 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
     print(f"OCR character error rate on the scanned memo: {error_rate:.2%}")
     assert error_rate < 0.02
 
-    (dead,) = _messages(kafka_bootstrap, f"{group}.dlq", 1)
+    (dead,) = read_messages(kafka_bootstrap, f"{group}.dlq", 1)
     headers = hdr.to_dict(dead.headers())
     assert dead.key() == broken.document_id.encode()
     assert headers[hdr.ERROR_CLASS] == "docstream.errors.PermanentError"
     assert headers[hdr.ERROR_MESSAGE].startswith("not a readable PDF")
-
-
-def _messages(bootstrap: str, topic: str, count: int) -> list[object]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[object] = []
-    deadline = time.monotonic() + 30
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                found.append(msg)
-        return found
-    finally:
-        consumer.close()
-
-
-def _values(bootstrap: str, topic: str, count: int) -> list[bytes]:
-    return [m.value() for m in _messages(bootstrap, topic, count)]  # type: ignore[attr-defined]

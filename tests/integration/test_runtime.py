@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_helpers import read_messages
 
 from consumers.runtime import Context, RunStats, Worker
 from consumers.runtime import headers as hdr
@@ -76,25 +77,8 @@ class Group:
         finally:
             consumer.close()
 
-    def read_all(self, topic: str, expected: int, timeout: float = 20.0) -> list[object]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"reader-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-            }
-        )
-        consumer.subscribe([topic])
-        found: list[object] = []
-        deadline = time.monotonic() + timeout
-        try:
-            while len(found) < expected and time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is not None and msg.error() is None:
-                    found.append(msg)
-            return found
-        finally:
-            consumer.close()
+    def read_all(self, topic: str, expected: int, timeout: float = 20.0) -> list[Message]:
+        return read_messages(self.bootstrap, topic, expected, timeout)
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient, NewTopic
+from kafka_helpers import create_topics, read_messages
 
 from consumers.runtime import Worker
 from consumers.stage import stage_handler, upload_decoder
@@ -24,10 +23,7 @@ def test_a_redelivered_upload_gets_the_same_thumbnails_and_one_result_object(
 ) -> None:
     name = uuid.uuid4().hex[:8]
     source, results, group = f"uploads-{name}", f"thumbnailed-{name}", f"test.thumbs.{name}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    topics = [source, results, f"{group}.retry", f"{group}.dlq"]
-    for future in admin.create_topics([NewTopic(t, 2, 1) for t in topics]).values():
-        future.result()
+    create_topics(kafka_bootstrap, [source, results, f"{group}.retry", f"{group}.dlq"], partitions=2)
     connection = {"bootstrap.servers": kafka_bootstrap}
     codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
 
@@ -56,8 +52,7 @@ def test_a_redelivered_upload_gets_the_same_thumbnails_and_one_result_object(
     stats = worker.run(until=lambda s: s.handled >= 2 or time.monotonic() > deadline)
     assert stats.handled == 2 and stats.dead_lettered == 0
 
-    events = _read(kafka_bootstrap, results, 2)
-    decoded = [codec.decode("doc.thumbnailed", value) for value in events]
+    decoded = [codec.decode("doc.thumbnailed", m.value()) for m in read_messages(kafka_bootstrap, results, 2)]
     assert {e["document_id"] for e in decoded} == {doc.document_id}
     assert decoded[0]["idempotency_key"] == decoded[1]["idempotency_key"]
     assert decoded[0]["sizes"] == decoded[1]["sizes"]
@@ -66,20 +61,3 @@ def test_a_redelivered_upload_gets_the_same_thumbnails_and_one_result_object(
         (1024, 1024),
     ]
     assert len(list((tmp_path / "blobs" / "results" / "thumbnails").rglob("*.json"))) == 1
-
-
-def _read(bootstrap: str, topic: str, count: int) -> list[bytes]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[bytes] = []
-    deadline = time.monotonic() + 30
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                found.append(msg.value())
-        return found
-    finally:
-        consumer.close()

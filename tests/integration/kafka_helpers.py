@@ -1,0 +1,38 @@
+"""Small helpers the integration tests share: create topics, read a topic from the beginning."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Message
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def create_topics(bootstrap: str, names: Iterable[str], partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until its futures are done
+    for future in admin.create_topics([NewTopic(name, partitions, 1) for name in names]).values():
+        future.result()
+
+
+def read_messages(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> list[Message]:
+    """Up to `count` records of `topic` from its beginning; fewer when `timeout` passes first."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    found: list[Message] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                found.append(msg)
+        return found
+    finally:
+        consumer.close()
