@@ -73,6 +73,19 @@ class OcrSettings(BaseModel):
     providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
+class WarehouseSettings(BaseModel):
+    """Where the warehouse sink writes and how it batches (consumers/warehouse/sink.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str | None = Field(
+        default=None,
+        description="chdb:///dir or http(s)://user:password@host:port; unset: chdb <home>/warehouse",
+    )
+    batch_rows: int = Field(default=500, ge=1, description="insert a batch once it holds this many rows")
+    batch_ms: int = Field(default=1000, ge=1, description="or once its first row waited this long")
+
+
 class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
@@ -122,10 +135,15 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = RuntimeSettings()
     thumbnails: ThumbnailSettings = ThumbnailSettings()
     ocr: OcrSettings = OcrSettings()
+    warehouse: WarehouseSettings = WarehouseSettings()
 
     @property
     def blob_root(self) -> str:
         return self.blob_url or str((self.home / "blobs").resolve())
+
+    @property
+    def warehouse_url(self) -> str:
+        return self.warehouse.url or f"chdb://{(self.home / 'warehouse').resolve()}"
 
     @property
     def uses_local_broker(self) -> bool:

@@ -32,7 +32,9 @@ GROUPS: tuple[GroupSpec, ...] = (
     GroupSpec("embeddings", (DOC_UPLOADED, OCR_DONE)),
     GroupSpec("thumbnails", (DOC_UPLOADED,)),
     GroupSpec("analytics", (DOC_UPLOADED, OCR_DONE, EMBEDDED, THUMBNAILED)),
-    GroupSpec("warehouse", RESULT_TOPICS),
+    # The sink also reads the dead-letter topics of the worker groups (consumers.warehouse.sink);
+    # analytics.rollups joins its inputs with the analytics worker.
+    GroupSpec("warehouse", (OCR_DONE, EMBEDDED, THUMBNAILED)),
 )
 
 

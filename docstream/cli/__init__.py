@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import broker, publish, run, schemas, topics
+from docstream.cli import broker, publish, run, schemas, topics, warehouse
 
 app = typer.Typer(
     name="docstream",
@@ -17,6 +17,7 @@ app.add_typer(topics.app, name="topics", help="Topics as code: ensure and descri
 app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility checks.")
 app.command(name="publish")(publish.publish)
 run.register(app)
+warehouse.register(app)
 
 
 def main() -> None:

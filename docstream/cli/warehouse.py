@@ -1,0 +1,146 @@
+"""`docstream warehouse migrate|sink`, `docstream sql` and `docstream search`: the warehouse commands.
+
+In embedded mode (a `chdb://` warehouse URL, the default `<home>/warehouse`) each command
+opens chDB itself, and chDB allows one process per data directory: while `docstream warehouse
+sink` runs, `sql` and `search` on the same directory fail with a message saying so. Having the
+owning process answer queries is a later step; with a ClickHouse server (http(s):// URL)
+every command works side by side.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import infra
+from docstream.cli._common import console, print_json, reports_errors, settings
+from docstream.errors import ConfigurationError
+
+DDL_DIR = Path(infra.__file__).parent / "clickhouse"
+
+app = typer.Typer(no_args_is_help=True)
+
+
+FORMATS = ("table", "json", "csv")
+
+
+def register(root: typer.Typer) -> None:
+    """Add `warehouse ...`, `sql` and `search` to the root app."""
+    root.add_typer(app, name="warehouse", help="The ClickHouse warehouse: schema and sink.")
+    root.command(name="sql")(sql)
+    root.command(name="search")(search)
+
+
+@app.command()
+@reports_errors
+def migrate(as_json: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
+    """Create or update the warehouse tables (infra/clickhouse/NNN_*.sql, each applied once)."""
+    from consumers.warehouse.store import Warehouse
+
+    s = settings()
+    with Warehouse(s.warehouse_url) as warehouse:
+        applied = warehouse.migrate(DDL_DIR)
+    if as_json:
+        print_json({"warehouse": warehouse.url, "applied": applied})
+    else:
+        console.print(f"{warehouse.url}: applied {', '.join(applied) if applied else 'nothing (up to date)'}")
+
+
+@app.command()
+@reports_errors
+def sink() -> None:
+    """Run the warehouse sink until SIGTERM / SIGINT: result events and dead letters into tables."""
+    from consumers.runtime import Worker
+    from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
+    from consumers.warehouse.store import Warehouse
+    from docstream.blobstore import BlobStore
+    from docstream.kafka_config import connection_config
+    from docstream.topology import group_id
+    from schemas.codec import make_codec
+
+    s = settings()
+    topics = SinkTopics.declared(s.group_prefix)
+    with Warehouse(s.warehouse_url) as warehouse:
+        warehouse.migrate(DDL_DIR)
+        handler = WarehouseSink(
+            warehouse_insert(warehouse),
+            BlobStore(s.blob_root),
+            make_codec(s.schema_registry_url),
+            topics,
+            batch_rows=s.warehouse.batch_rows,
+            batch_ms=s.warehouse.batch_ms,
+        )
+        with handler:  # the flusher outlives the worker: deferred messages settle during its shutdown
+            worker = Worker(
+                group_id=group_id("warehouse", s.group_prefix),
+                topics=topics.all,
+                handler=handler,
+                connection=connection_config(s),
+                runtime=sink_runtime(s.runtime, s.warehouse.batch_rows),
+            )
+            worker.install_signal_handlers()
+            console.print(f"warehouse sink: {warehouse.url}, topics {', '.join(topics.all)}")
+            stats = worker.run()
+    console.print(f"warehouse sink stopped: {stats.handled} handled, {handler.inserted_rows} rows inserted")
+
+
+@reports_errors
+def sql(
+    query: str = typer.Argument(..., help="one read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN"),
+    output: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
+) -> None:
+    """Run a read-only SQL query on the warehouse (database `docstream`)."""
+    from consumers.warehouse.store import Warehouse, check_read_only
+
+    if output not in FORMATS:
+        raise ConfigurationError(f"--format {output}: choose one of {', '.join(FORMATS)}")
+    check_read_only(query)  # refuse before opening anything
+    with Warehouse(settings().warehouse_url) as warehouse:
+        columns, rows = warehouse.query(query)
+    _print_rows(columns, rows, output)
+
+
+@reports_errors
+def search(
+    query: str = typer.Argument(..., help="what to look for, in plain words"),
+    k: int = typer.Option(10, "-k", min=1, max=1000, help="how many chunks"),
+    tenant: str = typer.Option("", "--tenant", help="only this tenant's documents"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Rank the indexed chunks by cosine similarity to the query: document, page, snippet, score."""
+    from consumers.embeddings.model import EmbeddingModel
+    from consumers.warehouse.search import search as ranked
+    from consumers.warehouse.store import Warehouse
+
+    model = EmbeddingModel(("CPUExecutionProvider",))  # one short text: the CPU is quickest to start
+    vector = model.embed([query])[0]
+    with Warehouse(settings().warehouse_url) as warehouse:
+        hits = ranked(warehouse, vector.tolist(), model.model_version, k=k, tenant=tenant)
+    if as_json:
+        print_json([asdict(hit) for hit in hits])
+        return
+    table = Table("score", "document", "page", "snippet")
+    for hit in hits:
+        table.add_row(f"{hit.score:.3f}", hit.document_id, str(hit.page), hit.snippet.replace("\n", " "))
+    Console().print(table)
+
+
+def _print_rows(columns: list[str], rows: list[tuple[Any, ...]], output: str) -> None:
+    if output == "json":
+        print_json([dict(zip(columns, row, strict=True)) for row in rows])
+    elif output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*(str(value) for value in row))
+        Console().print(table)

@@ -1,0 +1,254 @@
+"""The warehouse sink's pure parts: rows from events and dead letters, batching, SQL checks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from consumers.runtime import headers as hdr
+from consumers.warehouse.sink import (
+    CHUNK_COLUMNS,
+    DEAD_LETTER_COLUMNS,
+    STAGE_RESULT_COLUMNS,
+    Batcher,
+    Row,
+    SinkTopics,
+    chunk_rows,
+    dead_letter_row,
+    stage_result_row,
+)
+from consumers.warehouse.store import check_read_only, statements
+from docstream.errors import ConfigurationError
+
+OCR_DONE = {
+    "document_id": "doc-1",
+    "tenant": "acme",
+    "content_sha256": "a" * 64,
+    "idempotency_key": "k1",
+    "stage": "ocr",
+    "model_version": "rapidocr:v1",
+    "result_uri": "file:///blobs/results/ocr/k1.json",
+    "completed_at": datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+    "processing_ms": 42,
+    "upload_at": 1_735_787_045_000,  # epoch ms are accepted too
+    "pages": 3,
+    "pages_ocr": 1,
+    "mean_confidence": 0.9,
+    "engine": "rapidocr/CPUExecutionProvider",
+}
+
+
+def test_a_completion_event_becomes_one_stage_row_with_its_own_fields_as_details() -> None:
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(OCR_DONE), strict=True))
+    assert (row["stage"], row["document_id"], row["model_version"]) == ("ocr", "doc-1", "rapidocr:v1")
+    assert (row["pages"], row["pages_ocr"], row["chunks"]) == (3, 1, None)
+    assert json.loads(row["details"]) == {"engine": "rapidocr/CPUExecutionProvider", "mean_confidence": 0.9}
+    assert row["completed_at"] == datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    assert row["upload_at"] == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert row["processing_ms"] == 42
+
+
+def test_a_thumbnail_event_has_no_page_counts_and_keeps_its_sizes_in_details() -> None:
+    event = {**OCR_DONE, "stage": "thumbnails", "sizes": [{"page": 1, "long_side": 256}]}
+    del event["pages"], event["pages_ocr"], event["mean_confidence"], event["engine"]
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    assert (row["pages"], row["pages_ocr"], row["chunks"]) == (None, None, None)
+    assert json.loads(row["details"]) == {"sizes": [{"page": 1, "long_side": 256}]}
+
+
+def test_an_embedded_result_object_gives_one_row_per_chunk() -> None:
+    event = {**OCR_DONE, "stage": "embeddings", "model_version": "m@1:chunks120/20", "chunks": 2}
+    stored = {
+        "chunks": [
+            {"page": 1, "index": 0, "text": "alpha", "vector": [1, 0]},
+            {"page": 2, "index": 0, "text": "beta", "vector": [0.0, 1.0]},
+        ]
+    }
+    rows = [dict(zip(CHUNK_COLUMNS, row, strict=True)) for row in chunk_rows(event, stored)]
+    assert [(r["page"], r["chunk"], r["text"], r["embedding"]) for r in rows] == [
+        (1, 0, "alpha", [1.0, 0.0]),
+        (2, 0, "beta", [0.0, 1.0]),
+    ]
+    assert {(r["model_version"], r["idempotency_key"], r["tenant"]) for r in rows} == {
+        ("m@1:chunks120/20", "k1", "acme")
+    }
+
+
+def test_a_dead_letter_row_carries_the_original_coordinates_and_the_reason() -> None:
+    headers = {
+        hdr.ORIGINAL_TOPIC: "doc.uploaded",
+        hdr.ORIGINAL_PARTITION: "4",
+        hdr.ORIGINAL_OFFSET: "17",
+        hdr.ORIGINAL_TIMESTAMP_MS: "1735787045000",
+        hdr.GROUP: "docstream.ocr",
+        hdr.ATTEMPT: "4",
+        hdr.ERROR_CLASS: "PermanentError",
+        hdr.ERROR_MESSAGE: "broken PDF",
+    }
+    row = dict(
+        zip(
+            DEAD_LETTER_COLUMNS,
+            dead_letter_row("docstream.ocr.dlq", b"doc-9", headers, 1_735_787_046_000),
+            strict=True,
+        )
+    )
+    assert row == {
+        "group": "docstream.ocr",
+        "original_topic": "doc.uploaded",
+        "original_partition": 4,
+        "original_offset": 17,
+        "original_timestamp": datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "key": "doc-9",
+        "error_class": "PermanentError",
+        "error_message": "broken PDF",
+        "attempts": 4,
+        "dead_lettered_at": datetime(2025, 1, 2, 3, 4, 6, tzinfo=UTC),
+    }
+
+
+def test_a_dead_letter_without_headers_is_named_after_its_topic() -> None:
+    row = dict(zip(DEAD_LETTER_COLUMNS, dead_letter_row("g.x.dlq", None, {}, 0), strict=True))
+    assert (row["group"], row["key"], row["attempts"], row["original_topic"]) == ("g.x", "", 1, "")
+
+
+def test_the_sink_reads_the_result_topics_and_the_stage_groups_dead_letters() -> None:
+    topics = SinkTopics.declared("p.")
+    assert topics.all == [
+        "doc.ocr.done",
+        "doc.embedded",
+        "doc.thumbnailed",
+        "p.embeddings.dlq",
+        "p.ocr.dlq",
+        "p.thumbnails.dlq",
+    ]
+
+
+# -- batching ----------------------------------------------------------------------------------
+
+
+class Inserts:
+    """Records inserts; fails them while `error` is set."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Row]]] = []
+        self.error: Exception | None = None
+
+    def __call__(self, table: str, rows: list[Row]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.calls.append((table, rows))
+
+
+class Dones:
+    def __init__(self) -> None:
+        self.results: list[BaseException | None] = []
+        self.all_in = threading.Event()
+        self.expected = 0
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.results.append(error)
+        if len(self.results) >= self.expected:
+            self.all_in.set()
+
+
+def test_a_batch_is_inserted_per_table_once_it_holds_batch_rows_rows() -> None:
+    inserts, dones = Inserts(), Dones()
+    dones.expected = 2
+    batcher = Batcher(inserts, batch_rows=3, batch_ms=60_000)
+    batcher.start()
+    try:
+        batcher.add({"a": [(1,)], "b": [(2,)]}, dones)
+        assert not dones.all_in.wait(0.1)  # 2 rows: below the size, far from the time
+        batcher.add({"a": [(3,)]}, dones)
+        assert dones.all_in.wait(5)
+    finally:
+        batcher.close()
+    assert inserts.calls == [("a", [(1,), (3,)]), ("b", [(2,)])]
+    assert dones.results == [None, None]
+
+
+def test_a_batch_is_inserted_once_its_first_row_waited_batch_ms() -> None:
+    inserts, dones = Inserts(), Dones()
+    dones.expected = 1
+    batcher = Batcher(inserts, batch_rows=1000, batch_ms=50)
+    batcher.start()
+    started = time.monotonic()
+    try:
+        batcher.add({"a": [(1,)]}, dones)
+        assert dones.all_in.wait(5)
+    finally:
+        batcher.close()
+    assert 0.04 <= time.monotonic() - started < 2
+    assert inserts.calls == [("a", [(1,)])]
+
+
+def test_a_failed_insert_fails_every_message_of_its_batch() -> None:
+    inserts, dones = Inserts(), Dones()
+    inserts.error = RuntimeError("warehouse down")
+    dones.expected = 2
+    batcher = Batcher(inserts, batch_rows=2, batch_ms=60_000)
+    batcher.start()
+    try:
+        batcher.add({"a": [(1,)]}, dones)
+        batcher.add({"a": [(2,)]}, dones)
+        assert dones.all_in.wait(5)
+    finally:
+        batcher.close()
+    assert dones.results == [inserts.error, inserts.error]
+
+
+def test_closing_inserts_what_is_left() -> None:
+    inserts, dones = Inserts(), Dones()
+    batcher = Batcher(inserts, batch_rows=1000, batch_ms=60_000)
+    batcher.start()
+    batcher.add({"a": [(1,)]}, dones)
+    batcher.close()
+    assert inserts.calls == [("a", [(1,)])] and dones.results == [None]
+
+
+# -- SQL ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1",
+        "  select count() FROM docstream.chunks;",
+        "-- a comment\nWITH x AS (SELECT 1) SELECT * FROM x",
+        "(SELECT 1) UNION ALL (SELECT 2)",
+        "SHOW TABLES FROM docstream",
+        "DESCRIBE TABLE docstream.chunks",
+        "EXPLAIN SELECT 1",
+        "SELECT 'a;b'",
+    ],
+)
+def test_read_only_statements_pass(sql: str) -> None:
+    assert check_read_only(sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO docstream.chunks VALUES (1)",
+        "DROP TABLE docstream.chunks",
+        "/* SELECT */ ALTER TABLE docstream.chunks DELETE WHERE 1",
+        "SELECT 1; DROP TABLE docstream.chunks",
+        "",
+        "OPTIMIZE TABLE docstream.chunks FINAL",
+    ],
+)
+def test_anything_else_is_refused(sql: str) -> None:
+    with pytest.raises(ConfigurationError):
+        check_read_only(sql)
+
+
+def test_a_ddl_file_splits_into_its_statements_without_comments() -> None:
+    ddl = "-- head\nCREATE DATABASE x;\n\nCREATE TABLE x.t (a String COMMENT 'it''s') ENGINE = Log;\n"
+    assert statements(ddl) == [
+        "CREATE DATABASE x",
+        "CREATE TABLE x.t (a String COMMENT 'it''s') ENGINE = Log",
+    ]
