@@ -1,9 +1,10 @@
 """`docstream worker NAME` runs one group's worker; `docstream demo` is the job `make run` runs.
 
 The demo publishes the generated sample documents (and one undecodable event), runs the OCR,
-embeddings and thumbnails groups side by side on the shared runtime until every group's lag
-is zero, and prints what happened to each document: pages, an OCR excerpt, chunks,
-thumbnails, or the dead-letter reason per group.
+embeddings and thumbnails groups and the warehouse sink side by side on the shared runtime
+until every group's lag is zero, and prints what happened to each document (pages, an OCR
+excerpt, chunks, thumbnails, or the dead-letter reason), the warehouse's rows per stage and
+a semantic search answered from ClickHouse. In embedded mode this process owns chDB.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from consumers.groups import WORKER_GROUPS, build_worker
 from consumers.lag import offset_lag
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
+from consumers.warehouse.search import search
+from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
+from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
+from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, DocstreamError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
@@ -76,13 +81,70 @@ def demo(
         declared_topics(s.topic_partitions, s.group_prefix),
         replication_factor=s.replication_factor,
     )
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("loading models", total=None)
+    with Warehouse(s.warehouse_url) as warehouse, Progress(console=console, transient=True) as progress:
+        task = progress.add_task("loading models, migrating the warehouse", total=None)
+        warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
+        sink, sink_worker = _sink(s, warehouse)
         progress.update(task, description="publishing the sample documents")
         published = _publish(s)
-        _run_until_caught_up(s, workers, progress, task, timeout)
-    _print_summary(s, published, time.monotonic() - started)
+        with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown
+            _run_until_caught_up(s, [*workers, sink_worker], progress, task, timeout)
+        _print_summary(s, published, time.monotonic() - started)
+        _print_warehouse(s, warehouse)
+
+
+def _sink(s: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
+    topics = SinkTopics.declared(s.group_prefix)
+    sink = WarehouseSink(
+        warehouse_insert(warehouse),
+        BlobStore(s.blob_root),
+        make_codec(s.schema_registry_url),
+        topics,
+        batch_rows=s.warehouse.batch_rows,
+        batch_ms=s.warehouse.batch_ms,
+    )
+    member = Worker(
+        group_id=group_id("warehouse", s.group_prefix),
+        topics=topics.all,
+        handler=sink,
+        connection=connection_config(s),
+        runtime=sink_runtime(s.runtime, s.warehouse.batch_rows),
+    )
+    return sink, member
+
+
+def _print_warehouse(s: Settings, warehouse: Warehouse) -> None:
+    """What analysts see: rows per stage, dead letters, and a semantic search."""
+    out = Console(width=max(160, Console().width))
+    _, rows = warehouse.query(
+        "SELECT stage, count() AS documents, sum(processing_ms) FROM docstream.stage_results FINAL "
+        "GROUP BY stage ORDER BY stage"
+    )
+    _, dead = warehouse.query(
+        "SELECT `group`, error_class, count() FROM docstream.dead_letters FINAL "
+        "GROUP BY `group`, error_class ORDER BY `group`"
+    )
+    out.print(
+        "warehouse ("
+        + warehouse.url
+        + "): "
+        + ", ".join(f"{stage} {n} rows" for stage, n, _ in rows)
+        + "; dead letters: "
+        + ", ".join(f"{g.removeprefix(s.group_prefix)} {e.rsplit('.', 1)[-1]} x{n}" for g, e, n in dead)
+    )
+    query = "When does the team meet to plan the next quarter?"
+    from consumers.embeddings.model import EmbeddingModel
+
+    model = EmbeddingModel(s.ocr.providers)
+    hits = search(warehouse, model.embed([query])[0], model.model_version, k=3)
+    table = Table(title=f"docstream search {query!r}")
+    for column in ("score", "document", "tenant", "page", "snippet"):
+        table.add_column(column, overflow="fold")
+    for hit in hits:
+        snippet = " ".join(hit.snippet.split())[:100]
+        table.add_row(f"{hit.score:.3f}", hit.document_id[:12], hit.tenant, str(hit.page), snippet)
+    out.print(table)
 
 
 def _publish(s: Settings) -> list[tuple[str, PublishedDocument]]:
