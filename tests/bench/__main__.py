@@ -23,7 +23,13 @@ from rich.table import Table
 from infra.broker import LocalBroker, free_port
 
 # Each module has run(bootstrap: str, n: int) -> dict with name, raw_eps, ours_eps, ratio.
-BENCHMARKS = ["tests.bench.publisher_bench", "tests.bench.consumer_bench", "tests.bench.embeddings_bench"]
+BENCHMARKS = [
+    "tests.bench.publisher_bench",
+    "tests.bench.consumer_bench",
+    "tests.bench.embeddings_bench",
+    "tests.bench.embeddings_pipeline_bench",
+    "tests.bench.ocr_pipeline_bench",
+]
 TARGET_RATIO = 0.85
 MAIN_KEYS = ("name", "raw_eps", "ours_eps", "ratio")
 
