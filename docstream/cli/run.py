@@ -10,9 +10,11 @@ a semantic search answered from ClickHouse. In embedded mode this process owns c
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -53,7 +55,42 @@ from schemas.codec import make_codec
 
 def register(app: typer.Typer) -> None:
     app.command(name="demo")(demo)
+    app.command(name="up")(up)
     app.command(name="worker")(worker)
+
+
+@reports_errors
+def up() -> None:
+    """The worker groups and the warehouse sink in this process, until SIGTERM / SIGINT.
+
+    The same as `demo` without the sample documents: in embedded mode this process owns chDB.
+    """
+    s = settings()
+    if s.uses_local_broker and not local_broker.for_settings(s).status().running:
+        raise BrokerError("the local broker is not running: start it with `docstream broker start`")
+    ensure_topics(
+        connection_config(s),
+        declared_topics(s.topic_partitions, s.group_prefix),
+        replication_factor=s.replication_factor,
+    )
+    with Warehouse(s.warehouse_url) as warehouse:
+        warehouse.migrate(DDL_DIR)
+        workers = [build_worker(name, s) for name in WORKER_GROUPS]
+        sink, sink_worker = _sink(s, warehouse)
+        members = [*workers, sink_worker]
+        console.print(
+            "up: " + ", ".join(m.group_id for m in members) + f"; warehouse {warehouse.url}; Ctrl-C stops"
+        )
+
+        def until_signalled(stop: threading.Event) -> None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            while not stop.wait(0.5):
+                pass
+
+        with sink:
+            _side_by_side(members, until_signalled)
+    console.print("up: stopped; offsets committed")
 
 
 @reports_errors
@@ -92,6 +129,14 @@ def demo(
             _run_until_caught_up(s, [*workers, sink_worker], progress, task, timeout)
         _print_summary(s, published, time.monotonic() - started)
         _print_warehouse(s, warehouse)
+
+
+def _prepare(s: Settings) -> None:
+    """The broker answers (the local one is running) and the declared topics exist."""
+    if s.uses_local_broker and not local_broker.for_settings(s).status().running:
+        raise BrokerError("the local broker is not running: start it with `docstream broker start`")
+    topics = declared_topics(s.topic_partitions, s.group_prefix)
+    ensure_topics(connection_config(s), topics, replication_factor=s.replication_factor)
 
 
 def _sink(s: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
@@ -166,7 +211,28 @@ def _publish(s: Settings) -> list[tuple[str, PublishedDocument]]:
 def _run_until_caught_up(
     s: Settings, workers: list[Worker], progress: Progress, task: Any, timeout: float
 ) -> None:
-    """Run the workers in threads until every group has committed everything it reads."""
+    """Run the workers side by side until every group has committed everything it reads."""
+    deadline = time.monotonic() + timeout
+
+    def caught_up(stop: threading.Event) -> None:
+        while not stop.is_set() and time.monotonic() < deadline:
+            lags = {w.group_id: offset_lag(connection_config(s), w.group_id, w.topics) for w in workers}
+            waiting = ", ".join(f"{g.removeprefix(s.group_prefix)} {lag}" for g, lag in lags.items())
+            progress.update(task, description=f"groups working; lag: {waiting}")
+            if not any(lags.values()):
+                return
+            time.sleep(1.0)
+
+    _side_by_side(workers, caught_up)
+    if time.monotonic() > deadline:
+        raise DocstreamError(f"the groups did not catch up within {timeout:.0f} s")
+
+
+def _side_by_side(workers: list[Worker], wait: Callable[[threading.Event], None]) -> None:
+    """Run each worker in a thread while `wait` runs here; then stop them all, gracefully.
+
+    One failing worker stops the others; its error is raised once all have stopped.
+    """
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -180,23 +246,14 @@ def _run_until_caught_up(
     threads = [threading.Thread(target=run, args=(w,), name=w.group_id) for w in workers]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + timeout
     try:
-        while not stop.is_set():
-            lags = {w.group_id: offset_lag(connection_config(s), w.group_id, w.topics) for w in workers}
-            waiting = ", ".join(f"{g.removeprefix(s.group_prefix)} {lag}" for g, lag in lags.items())
-            progress.update(task, description=f"groups working; lag: {waiting}")
-            if not any(lags.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
+        wait(stop)
     finally:
         stop.set()
         for thread in threads:
             thread.join()
     if errors:
         raise errors[0] if isinstance(errors[0], DocstreamError) else DocstreamError(repr(errors[0]))
-    if time.monotonic() > deadline:
-        raise DocstreamError(f"the groups did not catch up within {timeout:.0f} s")
 
 
 def _print_summary(s: Settings, published: list[tuple[str, PublishedDocument]], elapsed: float) -> None:
