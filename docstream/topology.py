@@ -32,9 +32,8 @@ GROUPS: tuple[GroupSpec, ...] = (
     GroupSpec("embeddings", (DOC_UPLOADED, OCR_DONE)),
     GroupSpec("thumbnails", (DOC_UPLOADED,)),
     GroupSpec("analytics", (DOC_UPLOADED, OCR_DONE, EMBEDDED, THUMBNAILED)),
-    # The sink also reads the dead-letter topics of the worker groups (consumers.warehouse.sink);
-    # analytics.rollups joins its inputs with the analytics worker.
-    GroupSpec("warehouse", (OCR_DONE, EMBEDDED, THUMBNAILED)),
+    # The sink also reads the dead-letter topics of the worker groups (consumers.warehouse.sink).
+    GroupSpec("warehouse", RESULT_TOPICS),
 )
 
 

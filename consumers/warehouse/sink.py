@@ -35,7 +35,7 @@ from consumers.runtime import headers as hdr
 from docstream.blobstore import BlobStore
 from docstream.errors import PermanentError
 from docstream.settings import RuntimeSettings
-from docstream.topology import EMBEDDED, OCR_DONE, THUMBNAILED, dead_letter_topic, group_id
+from docstream.topology import EMBEDDED, OCR_DONE, ROLLUPS, THUMBNAILED, dead_letter_topic, group_id
 from schemas.codec import Codec
 
 if TYPE_CHECKING:  # the row builders and the batcher import no ClickHouse client
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the row builders and the batcher import no ClickHouse clien
 STAGE_RESULTS = "docstream.stage_results"
 CHUNKS = "docstream.chunks"
 DEAD_LETTERS = "docstream.dead_letters"
+ROLLUPS_TABLE = "docstream.rollups"
 
 STAGE_RESULT_COLUMNS = (
     "document_id",
@@ -83,10 +84,23 @@ DEAD_LETTER_COLUMNS = (
     "attempts",
     "dead_lettered_at",
 )
+ROLLUP_STAGES = ("ocr", "embeddings", "thumbnails")
+ROLLUP_COLUMNS = (
+    "window_size_s",
+    "window_start",
+    "tenant",
+    "content_type",
+    "documents",
+    "bytes",
+    "pages",
+    *(f"{stage}_{name}" for stage in ROLLUP_STAGES for name in ("count", "sum_ms", "p50_ms", "p95_ms")),
+    "sketch",
+)
 COLUMNS: dict[str, tuple[str, ...]] = {
     STAGE_RESULTS: STAGE_RESULT_COLUMNS,
     CHUNKS: CHUNK_COLUMNS,
     DEAD_LETTERS: DEAD_LETTER_COLUMNS,
+    ROLLUPS_TABLE: ROLLUP_COLUMNS,
 }
 DEAD_LETTERED_GROUPS = ("ocr", "embeddings", "thumbnails")
 
@@ -156,6 +170,27 @@ def dead_letter_row(topic: str, key: bytes | None, headers: Mapping[str, str], t
     )
 
 
+def rollup_row(rollup: Mapping[str, Any]) -> Row:
+    """The `rollups` row of an analytics.rollups record (consumers.analytics.windows.Rollup.to_dict)."""
+    latency = rollup["latency"]
+    per_stage: list[Any] = []
+    for stage in ROLLUP_STAGES:
+        stats = latency.get(stage) or {"count": 0, "p50_ms": None, "p95_ms": None, "sketch": {"sum": 0}}
+        per_stage += [int(stats["count"]), int(stats["sketch"]["sum"]), stats["p50_ms"], stats["p95_ms"]]
+    sketches = {stage: stats["sketch"] for stage, stats in latency.items()}
+    return (
+        int(rollup["window_size"]) // 1000,
+        _timestamp(int(rollup["window_start"])),
+        rollup["tenant"],
+        rollup["content_type"],
+        int(rollup["documents"]),
+        int(rollup["bytes"]),
+        int(rollup["pages"]),
+        *per_stage,
+        json.dumps(sketches, sort_keys=True),
+    )
+
+
 def _timestamp(value: datetime | int) -> datetime:
     """A UTC datetime from a decoded timestamp-millis (datetime) or epoch milliseconds."""
     if isinstance(value, datetime):
@@ -172,17 +207,19 @@ class SinkTopics:
 
     results: Mapping[str, str]  # topic -> event type
     dead_letters: frozenset[str]
+    rollups: str | None = None  # analytics.rollups (JSON), when the sink reads it
 
     @classmethod
     def declared(cls, group_prefix: str = "docstream.") -> SinkTopics:
         return cls(
             {OCR_DONE: "doc.ocr.done", EMBEDDED: "doc.embedded", THUMBNAILED: "doc.thumbnailed"},
             frozenset(dead_letter_topic(group_id(g, group_prefix)) for g in DEAD_LETTERED_GROUPS),
+            ROLLUPS,
         )
 
     @property
     def all(self) -> list[str]:
-        return [*self.results, *sorted(self.dead_letters)]
+        return [*self.results, *sorted(self.dead_letters), *([self.rollups] if self.rollups else [])]
 
 
 def sink_runtime(runtime: RuntimeSettings, batch_rows: int) -> RuntimeSettings:
@@ -317,6 +354,12 @@ class WarehouseSink:
         if topic in self._topics.dead_letters:
             headers = hdr.to_dict(message.headers())
             return {DEAD_LETTERS: [dead_letter_row(topic, message.key(), headers, message.timestamp()[1])]}
+        if topic == self._topics.rollups:
+            try:
+                rollup = json.loads(message.value() or b"")
+            except ValueError as exc:
+                raise PermanentError(f"{coordinates}: a rollup is not JSON: {exc}") from exc
+            return {ROLLUPS_TABLE: [rollup_row(rollup)]}
         event_type = self._topics.results.get(topic)
         if event_type is None:
             raise PermanentError(f"the warehouse sink does not read {topic}")

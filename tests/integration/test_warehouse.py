@@ -76,12 +76,18 @@ def completion(stage: str, document_id: str, version: str, **fields: object) -> 
 
 def test_migrating_twice_applies_each_file_once(warehouse_url: str) -> None:
     with Warehouse(warehouse_url) as warehouse:
-        assert warehouse.migrate(DDL_DIR) == ["001_results.sql"]
+        assert warehouse.migrate(DDL_DIR) == ["001_results.sql", "002_rollups.sql"]
         assert warehouse.migrate(DDL_DIR) == []
         _, tables = warehouse.query("SHOW TABLES FROM docstream")
         _, applied = warehouse.query("SELECT name FROM docstream.schema_migrations FINAL")
-    assert {t for (t,) in tables} >= {"stage_results", "chunks", "dead_letters", "schema_migrations"}
-    assert applied == [("001_results.sql",)]
+    assert {t for (t,) in tables} >= {
+        "stage_results",
+        "chunks",
+        "dead_letters",
+        "rollups",
+        "schema_migrations",
+    }
+    assert sorted(applied) == [("001_results.sql",), ("002_rollups.sql",)]
 
 
 def test_a_changed_migration_is_refused(tmp_path: Path, warehouse_url: str) -> None:
@@ -201,7 +207,7 @@ def invoke(warehouse_url: str, *args: str) -> Result:
 def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) -> None:
     migrated = invoke(warehouse_url, "warehouse", "migrate", "--json")
     assert migrated.exit_code == 0, migrated.output
-    assert json.loads(migrated.stdout)["applied"] == ["001_results.sql"]
+    assert json.loads(migrated.stdout)["applied"] == ["001_results.sql", "002_rollups.sql"]
 
     refused = invoke(warehouse_url, "sql", "INSERT INTO docstream.dead_letters (key) VALUES ('x')")
     assert refused.exit_code == 2
@@ -218,6 +224,7 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
     assert [row["name"] for row in json.loads(answered.stdout)] == [
         "chunks",
         "dead_letters",
+        "rollups",
         "schema_migrations",
         "stage_results",
     ]

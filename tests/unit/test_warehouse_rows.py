@@ -115,7 +115,7 @@ def test_a_dead_letter_without_headers_is_named_after_its_topic() -> None:
     assert (row["group"], row["key"], row["attempts"], row["original_topic"]) == ("g.x", "", 1, "")
 
 
-def test_the_sink_reads_the_result_topics_and_the_stage_groups_dead_letters() -> None:
+def test_the_sink_reads_the_result_topics_the_stage_groups_dead_letters_and_the_rollups() -> None:
     topics = SinkTopics.declared("p.")
     assert topics.all == [
         "doc.ocr.done",
@@ -124,6 +124,7 @@ def test_the_sink_reads_the_result_topics_and_the_stage_groups_dead_letters() ->
         "p.embeddings.dlq",
         "p.ocr.dlq",
         "p.thumbnails.dlq",
+        "analytics.rollups",
     ]
 
 
@@ -252,3 +253,23 @@ def test_a_ddl_file_splits_into_its_statements_without_comments() -> None:
         "CREATE DATABASE x",
         "CREATE TABLE x.t (a String COMMENT 'it''s') ENGINE = Log",
     ]
+
+
+def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns() -> None:
+    from consumers.analytics.windows import Rollup
+    from consumers.warehouse.sink import ROLLUP_COLUMNS, SinkTopics, rollup_row
+
+    rollup = Rollup(1_704_067_200_000, 60_000, "acme", "application/pdf", documents=2, bytes=300, pages=4)
+    rollup.latency["ocr"].add(100)
+    rollup.latency["ocr"].add(300)
+    record = json.loads(json.dumps(rollup.to_dict()))  # as it comes off analytics.rollups
+    row = dict(zip(ROLLUP_COLUMNS, rollup_row(record), strict=True))
+    assert (row["window_size_s"], row["window_start"]) == (60, datetime(2024, 1, 1, tzinfo=UTC))
+    assert (row["tenant"], row["content_type"], row["documents"], row["bytes"], row["pages"]) == (
+        "acme", "application/pdf", 2, 300, 4
+    )
+    ocr = (row["ocr_count"], row["ocr_sum_ms"], row["ocr_p50_ms"], row["ocr_p95_ms"])
+    assert ocr == (2, 400, 100.0, 100.0)
+    assert (row["embeddings_count"], row["embeddings_sum_ms"], row["embeddings_p50_ms"]) == (0, 0, None)
+    assert json.loads(row["sketch"])["ocr"]["count"] == 2
+    assert SinkTopics({}, frozenset(), rollups="analytics.rollups").all == ["analytics.rollups"]

@@ -1,0 +1,28 @@
+"""`python -m consumers.analytics worker -l info`: run the analytics faust worker.
+
+Settings come from the environment (DOCSTREAM_* / KAFKA_BOOTSTRAP_SERVERS, docstream.settings);
+the faust app id is the analytics group id (`docstream.analytics` by default). The topics it reads
+and analytics.rollups must exist (`docstream topics`); faust creates only its internal topics.
+Plaintext connections only: faust's SASL/SSL settings are not wired up yet.
+"""
+
+from __future__ import annotations
+
+from consumers.analytics.app import make_app
+from docstream.settings import load_settings
+from docstream.topology import group_id
+from schemas.codec import make_codec
+
+
+def main() -> None:
+    settings = load_settings()
+    app = make_app(
+        group_id("analytics", settings.group_prefix),
+        settings.bootstrap,
+        codec=make_codec(settings.schema_registry_url),
+    )
+    app.main()  # faust's command line: `worker`, `-l info`, ...
+
+
+if __name__ == "__main__":
+    main()

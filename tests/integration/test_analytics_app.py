@@ -1,0 +1,220 @@
+"""The analytics faust worker on the real broker: closed 1-minute rollups add up exactly, a
+redelivered upload counts once, and a SIGKILL mid-window loses and duplicates nothing.
+
+The worker runs this file as a script in a child process, under SIGALRM (`WORKER_LIFETIME_S`),
+and the parent stops it (SIGTERM, then SIGKILL) in a `finally`: a faust worker never exits by
+itself (docs/notes-faust.md). Events have fixed timestamps in the past; the windows close when a
+last upload far in the future moves the watermark, produced only after the worker has committed
+every earlier source offset, so that it cannot overtake them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from schemas.codec import make_codec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER_LIFETIME_S = 120
+DEADLINE_S = 45
+BASE_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z, a minute (and hour) boundary
+MINUTE_MS = 60_000
+N_DOCS = 12  # uploaded every 7 s from BASE_MS: two 1-minute windows
+# The four source topics are read concurrently, so event time is only ordered per topic: the grace
+# must cover the spread of the test's events (80 s), or one topic's events close another's windows.
+GRACE_MS = 300_000
+
+
+def _worker_main(bootstrap: str, app_id: str, topics_json: str) -> None:
+    import faust
+
+    from consumers.analytics.app import make_app
+
+    app = make_app(app_id, bootstrap, topics=json.loads(topics_json), grace_ms=GRACE_MS,
+                   session_timeout_s=6.0, commit_interval_s=1.0)
+    faust.Worker(app, loglevel="info").execute_from_commandline()
+
+
+@contextmanager
+def analytics_worker(bootstrap: str, app_id: str, topics: dict[str, str], log_path: Path
+                     ) -> Iterator[subprocess.Popen[bytes]]:
+    """The analytics worker in a child process for the block; never left running."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with log_path.open("ab") as log:
+        child = subprocess.Popen([sys.executable, __file__, bootstrap, app_id, json.dumps(topics)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=10)
+
+
+def upload(i: int, at_ms: int | None = None) -> dict[str, Any]:
+    return {
+        "document_id": f"doc-{i}", "tenant": "acme", "content_sha256": f"{i:064x}",
+        "size_bytes": 1000 + i, "content_type": "application/pdf" if i % 2 else "image/png",
+        "blob_uri": f"file:///blobs/{i}", "uploaded_at": BASE_MS + 7_000 * i if at_ms is None else at_ms,
+        "trace": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "tracestate": None},
+        "attributes": {},
+    }
+
+
+def ocr_done(i: int) -> dict[str, Any]:
+    return {
+        "document_id": f"doc-{i}", "tenant": "acme", "content_sha256": f"{i:064x}",
+        "idempotency_key": f"ocr-{i}", "stage": "ocr", "model_version": "m1", "result_uri": f"file:///r/{i}",
+        "completed_at": BASE_MS + 7_000 * i + 3_000, "processing_ms": 10, "upload_at": BASE_MS + 7_000 * i,
+        "pages": i + 1, "pages_ocr": 0, "mean_confidence": 0.0, "engine": "test",
+    }
+
+
+def produce(conf: dict[str, Any], items: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """(topic, event type, record) tuples, Avro-encoded, keyed by document id."""
+    codec, producer = make_codec(None), Producer(conf)
+    for topic, event_type, record in items:
+        producer.produce(topic, key=record["document_id"].encode(), value=codec.encode(event_type, record))
+    assert producer.flush(15) == 0
+
+
+def wait_committed(conf: dict[str, Any], group: str, ends: dict[str, int], log_path: Path) -> None:
+    """Wait until the worker's group committed `ends` (topic -> offset, partition 0)."""
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while time.monotonic() < deadline:
+            try:
+                parts = consumer.committed([TopicPartition(t, 0) for t in ends], timeout=10)
+            except KafkaException:  # NOT_COORDINATOR while the group's coordinator is loading
+                parts = []
+            if parts and all(p.offset >= ends[p.topic] for p in parts):
+                return
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+    pytest.fail(f"the worker did not commit {ends} in {DEADLINE_S} s\n{log_tail(log_path)}")
+
+
+def closed_minute_totals(conf: dict[str, Any], topic: str, want_documents: int) -> dict[str, Any]:
+    """documents/bytes/pages over the 1-minute rollups on `topic`, the last record per key winning
+    (as the ReplacingMergeTree does); waits until `want_documents` show, then 1 s more."""
+    consumer = Consumer({**conf, "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    latest: dict[bytes, dict[str, Any]] = {}
+    deadline, settle_until = time.monotonic() + DEADLINE_S, None
+    try:
+        while time.monotonic() < deadline and (settle_until is None or time.monotonic() < settle_until):
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                latest[message.key() or b""] = json.loads(message.value() or b"{}")
+            minutes = [r for r in latest.values() if r["window_size"] == MINUTE_MS]
+            if settle_until is None and sum(r["documents"] for r in minutes) >= want_documents:
+                settle_until = time.monotonic() + 1.0
+    finally:
+        consumer.close()
+    minutes = [r for r in latest.values() if r["window_size"] == MINUTE_MS]
+    return {name: sum(r[name] for r in minutes) for name in ("documents", "bytes", "pages")} | {
+        "window_starts": sorted({r["window_start"] for r in minutes})
+    }
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+@pytest.fixture
+def analytics_topics(new_topic: Callable[..., str], admin_conf: dict[str, Any]) -> Iterator[dict[str, str]]:
+    """Fresh source and rollup topics, and a fresh app id (its internal topics deleted afterwards)."""
+    from infra.topics import delete_topics, list_topic_names
+
+    topics = {role: new_topic(1, f"an-{role}") for role in ("uploaded", "ocr", "embeddings", "thumbnails",
+                                                               "rollups")}
+    topics["app_id"] = f"analytics-{uuid.uuid4().hex[:10]}"
+    yield topics
+    app_id = topics["app_id"]
+    delete_topics(admin_conf, sorted(n for n in list_topic_names(admin_conf) if n.startswith(app_id)))
+
+
+EXPECTED: dict[str, Any] = {
+    "documents": N_DOCS,
+    "bytes": sum(1000 + i for i in range(N_DOCS)),
+    "pages": sum(i + 1 for i in range(0, N_DOCS, 2)),  # OCR done for the even documents
+    "window_starts": [BASE_MS, BASE_MS + MINUTE_MS],
+}
+
+
+def events(topics: dict[str, str], docs: range) -> list[tuple[str, str, dict[str, Any]]]:
+    uploads = [(topics["uploaded"], "doc.uploaded", upload(i)) for i in docs]
+    ocr = [(topics["ocr"], "doc.ocr.done", ocr_done(i)) for i in docs if i % 2 == 0]
+    return uploads + ocr
+
+
+def close_windows(conf: dict[str, Any], topics: dict[str, str], log_path: Path) -> None:
+    """Wait until every event so far is committed, then jump the watermark 10 hours ahead."""
+    ends = {topics[role]: _end(conf, topics[role]) for role in ("uploaded", "ocr")}
+    wait_committed(conf, topics["app_id"], ends, log_path)
+    produce(conf, [(topics["uploaded"], "doc.uploaded", upload(999, at_ms=BASE_MS + 10 * 3_600_000))])
+
+
+def _end(conf: dict[str, Any], topic: str) -> int:
+    consumer = Consumer({**conf, "group.id": f"probe-{uuid.uuid4().hex[:8]}"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        consumer.close()
+
+
+def test_closed_minute_rollups_add_up_exactly_and_count_a_redelivery_once(
+    kafka_bootstrap: str, admin_conf: dict[str, Any], analytics_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """N uploads (one sent twice) and OCR pages over two minutes -> closed rollups hold N, bytes, pages."""
+    topics, log_path = analytics_topics, tmp_path / "analytics.log"
+    duplicate = [(topics["uploaded"], "doc.uploaded", upload(3))]
+    produce(admin_conf, events(topics, range(N_DOCS)) + duplicate)
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
+        close_windows(admin_conf, topics, log_path)
+        totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
+    assert totals == EXPECTED, log_tail(log_path)
+
+
+def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_double_counts(
+    kafka_bootstrap: str, admin_conf: dict[str, Any], analytics_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL after half the events (windows open), restart, the rest + a redelivery -> totals exact."""
+    topics, log_path = analytics_topics, tmp_path / "analytics.log"
+    half = N_DOCS // 2
+    produce(admin_conf, events(topics, range(half)))
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path) as child:
+        ends = {topics[role]: _end(admin_conf, topics[role]) for role in ("uploaded", "ocr")}
+        wait_committed(admin_conf, topics["app_id"], ends, log_path)
+        child.kill()  # SIGKILL: no clean shutdown, no final commit
+        child.wait(timeout=10)
+    redelivered = [(topics["uploaded"], "doc.uploaded", upload(1))]
+    produce(admin_conf, events(topics, range(half, N_DOCS)) + redelivered)
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
+        close_windows(admin_conf, topics, log_path)
+        totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
+    assert totals == EXPECTED, log_tail(log_path)
+
+
+if __name__ == "__main__":
+    signal.alarm(WORKER_LIFETIME_S)  # the default SIGALRM action ends the process: a hard bound
+    _worker_main(*sys.argv[1:4])
