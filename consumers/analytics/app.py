@@ -61,10 +61,19 @@ from schemas.codec import Codec, make_codec
 
 logger = logging.getLogger(__name__)
 
-EVENT_TYPES = {"uploaded": "doc.uploaded", "ocr": "doc.ocr.done", "embeddings": "doc.embedded",
-               "thumbnails": "doc.thumbnailed"}
-DECLARED_TOPICS = {"uploaded": DOC_UPLOADED, "ocr": OCR_DONE, "embeddings": EMBEDDED,
-                   "thumbnails": THUMBNAILED, "rollups": ROLLUPS}
+EVENT_TYPES = {
+    "uploaded": "doc.uploaded",
+    "ocr": "doc.ocr.done",
+    "embeddings": "doc.embedded",
+    "thumbnails": "doc.thumbnailed",
+}
+DECLARED_TOPICS = {
+    "uploaded": DOC_UPLOADED,
+    "ocr": OCR_DONE,
+    "embeddings": EMBEDDED,
+    "thumbnails": THUMBNAILED,
+    "rollups": ROLLUPS,
+}
 WATERMARK_KEY = "__watermark__"
 DEFAULT_GRACE_MS = 10_000
 EVENTS_KEY = b"rollups"  # the constant key of the internal topic: one partition, one order
@@ -193,10 +202,12 @@ def make_app(
         broker_commit_interval=commit_interval_s,
     )
     by_topic = {topics[role]: event_type for role, event_type in EVENT_TYPES.items()}
-    sources = app.topic(*by_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                        value_serializer="raw")
-    events = app.topic(f"{app_id}-rollup-events", internal=True, partitions=1, key_serializer="raw",
-                       value_serializer="json")
+    sources = app.topic(
+        *by_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
+    events = app.topic(
+        f"{app_id}-rollup-events", internal=True, partitions=1, key_serializer="raw", value_serializer="json"
+    )
     rollups_out = app.topic(topics["rollups"], key_serializer="raw", value_serializer="json")
     open_events = app.Table("open-events", default=None, partitions=1)  # json keys and values
     counters = Counters()
@@ -243,4 +254,3 @@ def make_app(
                 del open_events[done]
 
     return app
-

@@ -36,6 +36,7 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="warehouse", help="The ClickHouse warehouse: schema and sink.")
     root.command(name="sql")(sql)
     root.command(name="search")(search)
+    root.command(name="analytics")(analytics)
 
 
 @app.command()
@@ -105,6 +106,25 @@ def sql(
     with Warehouse(settings().warehouse_url) as warehouse:
         columns, rows = warehouse.query(query)
     _print_rows(columns, rows, output)
+
+
+@reports_errors
+def analytics(as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+    """Per tenant and hour: documents, pages, p95 latency per stage; dead letters per hour and group."""
+    from consumers.analytics.report import HOURLY_DEAD_LETTERS, HOURLY_ROLLUPS, hourly
+    from consumers.warehouse.store import Warehouse
+
+    with Warehouse(settings().warehouse_url) as warehouse:
+        _, rollups = warehouse.query(HOURLY_ROLLUPS)
+        _, dead = warehouse.query(HOURLY_DEAD_LETTERS)
+    report = hourly(rollups)
+    dead_letters = [{"hour": hour, "group": group, "dead_letters": n} for hour, group, n in dead]
+    if as_json:
+        print_json({"hourly": report, "dead_letters": dead_letters})
+        return
+    columns = ["hour", "tenant", "documents", "pages", "ocr_p95_ms", "embeddings_p95_ms", "thumbnails_p95_ms"]
+    _print_rows(columns, [tuple(row[c] for c in columns) for row in report], "table")
+    _print_rows(["hour", "group", "dead_letters"], [tuple(d.values()) for d in dead_letters], "table")
 
 
 @reports_errors

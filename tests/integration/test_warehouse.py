@@ -268,3 +268,11 @@ def test_a_second_data_directory_in_one_process_is_a_configuration_error(tmp_pat
         pytest.raises(ConfigurationError, match="one process per data directory"),
     ):
         Warehouse(f"chdb://{tmp_path / 'two'}")
+
+
+def test_analytics_report_runs_its_sql_on_the_warehouse(warehouse_url: str) -> None:
+    """`docstream analytics --json` on a migrated warehouse: the queries run, an empty report."""
+    assert invoke(warehouse_url, "warehouse", "migrate").exit_code == 0
+    answered = invoke(warehouse_url, "analytics", "--json")
+    assert answered.exit_code == 0, answered.output
+    assert json.loads(answered.stdout) == {"hourly": [], "dead_letters": []}
