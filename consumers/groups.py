@@ -8,6 +8,7 @@ Models load here, once per process, not per event.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from consumers.runtime import Worker
 from docstream.blobstore import BlobStore
@@ -16,6 +17,10 @@ from docstream.kafka_config import connection_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, OCR_DONE, group_id
 from schemas.codec import Codec, make_codec
+
+if TYPE_CHECKING:
+    from consumers.warehouse.sink import WarehouseSink
+    from consumers.warehouse.store import Warehouse
 
 WORKER_GROUPS = ("ocr", "embeddings", "thumbnails")
 
@@ -31,6 +36,29 @@ def build_worker(name: str, settings: Settings) -> Worker:
         raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(WORKER_GROUPS)}")
     _quiet_onnxruntime()
     return builders[name](settings, BlobStore(settings.blob_root), make_codec(settings.schema_registry_url))
+
+
+def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
+    """The warehouse sink (a context manager: its flusher thread) and the worker that feeds it."""
+    from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
+
+    topics = SinkTopics.declared(settings.group_prefix)
+    sink = WarehouseSink(
+        warehouse_insert(warehouse),
+        BlobStore(settings.blob_root),
+        make_codec(settings.schema_registry_url),
+        topics,
+        batch_rows=settings.warehouse.batch_rows,
+        batch_ms=settings.warehouse.batch_ms,
+    )
+    member = Worker(
+        group_id=group_id("warehouse", settings.group_prefix),
+        topics=topics.all,
+        handler=sink,
+        connection=connection_config(settings),
+        runtime=sink_runtime(settings.runtime, settings.warehouse.batch_rows),
+    )
+    return sink, member
 
 
 def _quiet_onnxruntime() -> None:

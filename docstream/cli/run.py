@@ -23,12 +23,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from consumers.groups import WORKER_GROUPS, build_worker
+from consumers.groups import WORKER_GROUPS, build_sink, build_worker
 from consumers.lag import offset_lag
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
 from consumers.warehouse.search import search
-from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
 from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
@@ -76,7 +75,7 @@ def up() -> None:
     with Warehouse(s.warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
-        sink, sink_worker = _sink(s, warehouse)
+        sink, sink_worker = build_sink(s, warehouse)
         members = [*workers, sink_worker]
         console.print(
             "up: " + ", ".join(m.group_id for m in members) + f"; warehouse {warehouse.url}; Ctrl-C stops"
@@ -122,7 +121,7 @@ def demo(
         task = progress.add_task("loading models, migrating the warehouse", total=None)
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
-        sink, sink_worker = _sink(s, warehouse)
+        sink, sink_worker = build_sink(s, warehouse)
         progress.update(task, description="publishing the sample documents")
         published = _publish(s)
         with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown
@@ -137,26 +136,6 @@ def _prepare(s: Settings) -> None:
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
     topics = declared_topics(s.topic_partitions, s.group_prefix)
     ensure_topics(connection_config(s), topics, replication_factor=s.replication_factor)
-
-
-def _sink(s: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
-    topics = SinkTopics.declared(s.group_prefix)
-    sink = WarehouseSink(
-        warehouse_insert(warehouse),
-        BlobStore(s.blob_root),
-        make_codec(s.schema_registry_url),
-        topics,
-        batch_rows=s.warehouse.batch_rows,
-        batch_ms=s.warehouse.batch_ms,
-    )
-    member = Worker(
-        group_id=group_id("warehouse", s.group_prefix),
-        topics=topics.all,
-        handler=sink,
-        connection=connection_config(s),
-        runtime=sink_runtime(s.runtime, s.warehouse.batch_rows),
-    )
-    return sink, member
 
 
 def _print_warehouse(s: Settings, warehouse: Warehouse) -> None:

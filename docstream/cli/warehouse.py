@@ -58,36 +58,16 @@ def migrate(as_json: bool = typer.Option(False, "--json", help="print the result
 @reports_errors
 def sink() -> None:
     """Run the warehouse sink until SIGTERM / SIGINT: result events and dead letters into tables."""
-    from consumers.runtime import Worker
-    from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
+    from consumers.groups import build_sink
     from consumers.warehouse.store import Warehouse
-    from docstream.blobstore import BlobStore
-    from docstream.kafka_config import connection_config
-    from docstream.topology import group_id
-    from schemas.codec import make_codec
 
     s = settings()
-    topics = SinkTopics.declared(s.group_prefix)
     with Warehouse(s.warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
-        handler = WarehouseSink(
-            warehouse_insert(warehouse),
-            BlobStore(s.blob_root),
-            make_codec(s.schema_registry_url),
-            topics,
-            batch_rows=s.warehouse.batch_rows,
-            batch_ms=s.warehouse.batch_ms,
-        )
+        handler, worker = build_sink(s, warehouse)
         with handler:  # the flusher outlives the worker: deferred messages settle during its shutdown
-            worker = Worker(
-                group_id=group_id("warehouse", s.group_prefix),
-                topics=topics.all,
-                handler=handler,
-                connection=connection_config(s),
-                runtime=sink_runtime(s.runtime, s.warehouse.batch_rows),
-            )
             worker.install_signal_handlers()
-            console.print(f"warehouse sink: {warehouse.url}, topics {', '.join(topics.all)}")
+            console.print(f"warehouse sink: {warehouse.url}, topics {', '.join(worker.topics)}")
             stats = worker.run()
     console.print(f"warehouse sink stopped: {stats.handled} handled, {handler.inserted_rows} rows inserted")
 
