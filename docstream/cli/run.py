@@ -284,9 +284,11 @@ def _print_summary(s: Settings, published: list[tuple[str, PublishedDocument]], 
             )
     out = Console(width=max(160, Console().width))
     out.print(table)
+    inputs = {name: _inputs(name) for name in WORKER_GROUPS}
+    inputs["warehouse"] = SinkTopics.declared(s.group_prefix).all
     lags = {
-        name: offset_lag(connection_config(s), group_id(name, s.group_prefix), _inputs(name))
-        for name in WORKER_GROUPS
+        name: offset_lag(connection_config(s), group_id(name, s.group_prefix), t)
+        for name, t in inputs.items()
     }
     out.print(
         f"{len(published)} documents in {elapsed:.1f} s; lag per group: "
