@@ -28,6 +28,7 @@ from consumers.lag import offset_lag
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
 from consumers.warehouse.search import search
+from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
