@@ -19,10 +19,10 @@ from __future__ import annotations
 import io
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ PDF: Final = "application/pdf"
 IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/tiff"})
 
 PDFIUM_LOCK: Final = threading.Lock()
+T = TypeVar("T")
 """PDFium keeps global state and is not thread-safe; hold this around every pdfium call."""
 
 RgbImage = npt.NDArray[np.uint8]  # height x width x 3, RGB
@@ -71,11 +72,7 @@ def render_pages(
         return [_image_page(content, max_pixels)]
     if content_type != PDF:
         raise PermanentError(f"unsupported content type {content_type!r} for OCR")
-    with PDFIUM_LOCK, _open_pdf(content) as document:
-        count = len(document)
-        if count > max_pages:
-            raise PermanentError(f"too many pages: {count} > max_pages={max_pages}")
-        return [_pdf_page(document, index, dpi, max_pixels, always_ocr) for index in range(count)]
+    return _each_pdf_page(content, max_pages, lambda doc, i: _pdf_page(doc, i, dpi, max_pixels, always_ocr))
 
 
 @contextmanager
@@ -199,19 +196,29 @@ def text_layers(content: bytes, *, content_type: str, max_pages: int) -> list[st
     Plain-text documents are one page of their own text; images have no text layer.
     """
     if content_type.startswith("text/"):
-        try:
-            return [content.decode("utf-8")]
-        except UnicodeDecodeError as exc:
-            raise PermanentError(f"text document is not UTF-8: {exc}") from exc
+        return [plain_text(content)]
     if content_type in IMAGE_TYPES:
         return [""]
     if content_type != PDF:
         raise PermanentError(f"unsupported content type {content_type!r}")
+    return _each_pdf_page(content, max_pages, _page_text)
+
+
+def plain_text(content: bytes) -> str:
+    """A text/* document's content; PermanentError when it is not UTF-8."""
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PermanentError(f"text document is not UTF-8: {exc}") from exc
+
+
+def _each_pdf_page(content: bytes, max_pages: int, read: Callable[[Any, int], T]) -> list[T]:
+    """`read(document, index)` for every page of a PDF, under the pdfium lock, within `max_pages`."""
     with PDFIUM_LOCK, _open_pdf(content) as document:
         count = len(document)
         if count > max_pages:
             raise PermanentError(f"too many pages: {count} > max_pages={max_pages}")
-        return [_page_text(document, index) for index in range(count)]
+        return [read(document, index) for index in range(count)]
 
 
 def _page_text(document: Any, index: int) -> str:

@@ -13,8 +13,7 @@ import json
 from typing import Any
 
 from consumers.ocr.engine import OcrEngine
-from consumers.ocr.pages import Page, render_pages
-from docstream.errors import PermanentError
+from consumers.ocr.pages import Page, plain_text, render_pages
 from docstream.settings import OcrSettings
 from docstream.topology import OCR_DONE
 
@@ -78,10 +77,7 @@ class OcrStage:
 
     def _pages(self, content_type: str, content: bytes) -> list[Page]:
         if content_type.startswith("text/"):
-            try:
-                return [Page(1, content.decode("utf-8"), None)]
-            except UnicodeDecodeError as exc:
-                raise PermanentError(f"text document is not UTF-8: {exc}") from exc
+            return [Page(1, plain_text(content), None)]
         s = self._settings
         return render_pages(
             content,
