@@ -81,12 +81,17 @@ def _worker(settings: Settings, name: str, topics: list[str], **wiring: object) 
 
 
 def _ocr(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
+    from consumers.ocr.batcher import PageBatcher
     from consumers.ocr.engine import OcrEngine
     from consumers.ocr.worker import OcrStage
     from consumers.stage import stage_handler, upload_decoder
 
     engine = OcrEngine(settings.ocr.providers, det_max_side=settings.ocr.det_max_side)
-    stage = OcrStage(engine, settings.ocr)
+    # One model thread for the process (a daemon, like the lanes): the lanes' pages share batches.
+    batcher = PageBatcher(
+        engine, batch_pages=settings.ocr.batch_pages, batch_wait_ms=settings.ocr.batch_wait_ms
+    )
+    stage = OcrStage(batcher, settings.ocr)
     return _worker(
         settings,
         "ocr",

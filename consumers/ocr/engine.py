@@ -10,17 +10,28 @@ list comes from the model's own metadata (checked at start, since without it rap
 fetch a dictionary file).
 
 One engine holds one onnxruntime session per model (detection, line orientation, recognition)
-for its lifetime. `recognize` runs one image at a time through the detector (rapidocr's
-detector takes one image per call); the text lines of a page go through the recogniser in
-batches of `rec_batch`. Calls are serialised by a lock: onnxruntime already spreads one call
-over every core, and rapidocr's pipeline object is not meant to be shared between threads.
+for its lifetime. `read` takes a batch of pages (from any number of documents; see
+`consumers.ocr.batcher`) and runs rapidocr's pipeline in two parts, with rapidocr's own steps:
+
+- per page: the detector (rapidocr's detector takes one image per call), then the text-line
+  crops cut from the full-resolution page;
+- once for the whole batch: the orientation classifier and the recogniser over the crops of
+  all its pages together (both sort the crops by width and run them through their models
+  `rec_batch` at a time), after which each page gets its own lines back, in page pixel
+  coordinates, filtered as rapidocr filters them (empty text, score under `Global.text_score`).
+
+A page that cannot be read fails on its own (a `PermanentError` in its place in the result);
+a runtime failure fails the whole call (`TransientError`). `recognize` is `read` for callers
+that want one error for the lot. Calls are serialised by a lock: onnxruntime already spreads one
+call over every core, and rapidocr's pipeline object is not meant to be shared between threads.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -31,8 +42,10 @@ import numpy as np
 import numpy.typing as npt
 import rapidocr
 from rapidocr import LoadImageError, RapidOCR
+from rapidocr.main import RapidOCRError
+from rapidocr.utils.process_img import ResizeImgError, map_boxes_to_original
 
-from docstream.errors import ConfigurationError, PermanentError, TransientError
+from docstream.errors import ConfigurationError, DocstreamError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +113,116 @@ class OcrEngine:
             raise ConfigurationError(f"OCR asked for {list(providers)} but onnxruntime runs {self.provider}")
         log.info("OCR engine runs on %s (asked for %s)", self.provider, list(providers))
 
-    def recognize(self, images: Sequence[ImageArray]) -> list[PageText]:
-        """Read each image (RGB, RGBA or grey, uint8); one PageText per image, in order."""
-        return [self._recognize_one(index, image) for index, image in enumerate(images)]
+    def recognize(self, images: Sequence[ImageArray], labels: Sequence[str] | None = None) -> list[PageText]:
+        """Read each image (RGB, RGBA or grey, uint8) as one batch; one PageText per image, in order.
 
-    def _recognize_one(self, index: int, image: ImageArray) -> PageText:
-        bgr = _to_bgr(index, image)
+        Raises the PermanentError of the first image that cannot be read, if any."""
+        results = self.read(images, labels)
+        for result in results:
+            if isinstance(result, PermanentError):
+                raise result
+        return [r for r in results if isinstance(r, PageText)]
+
+    def read(
+        self, images: Sequence[ImageArray], labels: Sequence[str] | None = None
+    ) -> list[PageText | PermanentError]:
+        """Read `images` as one batch: per image, its PageText, or the PermanentError of an image
+        that cannot be read (named by its label, "image <index>" by default) in its place.
+
+        Raises TransientError when the runtime fails: that fails the whole batch."""
+        names = list(labels) if labels is not None else [f"image {i}" for i in range(len(images))]
+        if len(names) != len(images):
+            raise ValueError(f"{len(images)} images but {len(names)} labels")
+        with self._lock:
+            return self._read(images, names)
+
+    def _read(self, images: Sequence[ImageArray], names: list[str]) -> list[PageText | PermanentError]:
+        results: list[PageText | PermanentError] = [_EMPTY] * len(images)
+        detected: list[tuple[int, _Detected]] = []
+        for index, (image, name) in enumerate(zip(images, names, strict=True)):
+            try:
+                page = self._detect(name, image)
+            except PermanentError as exc:
+                results[index] = exc
+                continue
+            if page is not None:
+                detected.append((index, page))
+        if not detected:
+            return results
         try:
-            with self._lock:
-                result = self._ocr(bgr)
-        except MemoryError as exc:
-            raise TransientError(f"out of memory reading image {index}") from exc
-        except (LoadImageError, cv2.error, ValueError) as exc:
-            raise PermanentError(f"image {index} cannot be read by OCR: {exc}") from exc
-        except Exception as exc:  # onnxruntime and rapidocr raise bare Exception subclasses
-            raise _translate(index, exc) from exc
-        return _page_text(result)
+            lines = self._lines(
+                [crop for _, page in detected for crop in page.crops], f"a batch of {len(detected)} pages"
+            )
+        except PermanentError as exc:
+            if len(detected) == 1:
+                results[detected[0][0]] = exc
+                return results
+            # Something in the crops of one page upsets the shared step: find it, page by page.
+            for index, page in detected:
+                try:
+                    results[index] = self._page(page, self._lines(page.crops, names[index]))
+                except PermanentError as exc:
+                    results[index] = exc
+            return results
+        start = 0
+        for index, page in detected:
+            end = start + len(page.crops)
+            results[index] = self._page(page, (lines[0][start:end], lines[1][start:end]))
+            start = end
+        return results
+
+    def _detect(self, name: str, image: ImageArray) -> _Detected | None:
+        """The text lines rapidocr's detector finds on one page, cut out; None when it finds none."""
+        bgr = _to_bgr(name, image)
+        with _translated(name):
+            resized, record = self._ocr.preprocess_img(bgr)
+            try:
+                crops, found = self._ocr.detect_and_crop(resized, record)
+            except RapidOCRError:  # rapidocr's way to say the detector found no text
+                return None
+            boxes = map_boxes_to_original(found.boxes, record, *bgr.shape[:2])
+        return _Detected(boxes, crops)
+
+    def _lines(self, crops: list[ImageArray], name: str) -> tuple[list[str], list[float]]:
+        """Orientation classifier then recogniser over `crops` (of any number of pages)."""
+        with _translated(name):
+            upright, _ = self._ocr.cls_and_rotate(crops)
+            read = self._ocr.recognize_txt(upright)
+        if read.txts is None or len(read.txts) != len(crops):
+            raise TransientError(f"OCR recogniser returned no result for {name}")
+        return [str(t) for t in read.txts], [float(s) for s in read.scores]
+
+    def _page(self, page: _Detected, lines: tuple[list[str], list[float]]) -> PageText:
+        """rapidocr's final filter (no empty text, no score under text_score), then reading order."""
+        kept = [
+            (box, text, score)
+            for box, text, score in zip(page.boxes, *lines, strict=True)
+            if text.strip() and score >= self._ocr.text_score
+        ]
+        return _page_text(kept)
+
+
+class _Detected(NamedTuple):
+    boxes: npt.NDArray[np.float32]  # n x 4 x 2 corner points, in the page's pixel coordinates
+    crops: list[ImageArray]  # the n text lines cut from the page (BGR), in the same order
+
+
+_EMPTY: Final = PageText("", 0.0, ())
+
+
+@contextmanager
+def _translated(name: str) -> Iterator[None]:
+    """rapidocr, OpenCV and onnxruntime exceptions as docstream errors."""
+    try:
+        yield
+    except DocstreamError:
+        raise
+    except MemoryError as exc:
+        raise TransientError(f"out of memory reading {name}") from exc
+    except (LoadImageError, ResizeImgError, cv2.error, ValueError) as exc:
+        raise PermanentError(f"{name} cannot be read by OCR: {exc}") from exc
+    except Exception as exc:  # onnxruntime and rapidocr raise bare Exception subclasses
+        raise _translate(name, exc) from exc
 
 
 def _build(providers: Sequence[str], det_max_side: int, rec_batch: int, threads: int | None) -> Any:
@@ -152,31 +259,31 @@ def _build(providers: Sequence[str], det_max_side: int, rec_batch: int, threads:
     return ocr
 
 
-def _to_bgr(index: int, image: ImageArray) -> ImageArray:
+def _to_bgr(name: str, image: ImageArray) -> ImageArray:
     """rapidocr takes a 3-channel ndarray as BGR (OpenCV's order); pages come as RGB."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.size == 0:
-        raise PermanentError(f"image {index} is not a non-empty uint8 array")
+        raise PermanentError(f"{name} is not a non-empty uint8 array")
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
         return np.ascontiguousarray(cv2.cvtColor(image, cv2.COLOR_GRAY2BGR))
     if image.ndim == 3 and image.shape[2] == 3:
         return np.ascontiguousarray(image[:, :, ::-1])
     if image.ndim == 3 and image.shape[2] == 4:
         return np.ascontiguousarray(cv2.cvtColor(image, cv2.COLOR_RGBA2BGR))
-    raise PermanentError(f"image {index} has shape {image.shape}, not grey, RGB or RGBA")
+    raise PermanentError(f"{name} has shape {image.shape}, not grey, RGB or RGBA")
 
 
-def _translate(index: int, exc: Exception) -> TransientError:
+def _translate(name: str, exc: Exception) -> TransientError:
     """A failure inside the runtime: out-of-memory, or anything else a retry may not repeat."""
     message = " ".join(str(e) for e in (exc, exc.__cause__) if e is not None).lower()
     if any(marker in message for marker in _OUT_OF_MEMORY):
-        return TransientError(f"out of memory reading image {index}: {type(exc).__name__}")
-    return TransientError(f"OCR failed on image {index}: {type(exc).__name__}: {str(exc)[:500]}")
+        return TransientError(f"out of memory reading {name}: {type(exc).__name__}")
+    return TransientError(f"OCR failed on {name}: {type(exc).__name__}: {str(exc)[:500]}")
 
 
-def _page_text(result: Any) -> PageText:
-    boxes, txts, scores = (getattr(result, name, None) for name in ("boxes", "txts", "scores"))
-    if boxes is None or txts is None or scores is None or len(txts) == 0:
-        return PageText("", 0.0, ())
+def _page_text(kept: list[tuple[npt.NDArray[np.float32], str, float]]) -> PageText:
+    """One page's lines (corner points, text, score) as a PageText, in reading order."""
+    if not kept:
+        return _EMPTY
     words = [
         LineBox(
             float(box[:, 0].min()),
@@ -184,12 +291,12 @@ def _page_text(result: Any) -> PageText:
             float(box[:, 0].max()),
             float(box[:, 1].max()),
             text.strip(),
-            float(score),
+            score,
         )
-        for box, text, score in zip(np.asarray(boxes), txts, scores, strict=True)
+        for box, text, score in kept
     ]
     lines = tuple(_merge(row) for row in _rows(words))
-    return PageText("\n".join(line.text for line in lines), fmean(s for s in scores), lines)
+    return PageText("\n".join(line.text for line in lines), fmean(score for _, _, score in kept), lines)
 
 
 def _rows(boxes: list[LineBox]) -> list[list[LineBox]]:

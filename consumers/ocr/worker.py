@@ -1,23 +1,39 @@
 """The OCR stage: every page's text, from its text layer or from OCR, as one result object.
 
 A page with a text layer keeps it (unless `always_ocr`); the others are rendered and read by
-the ONNX models of `consumers.ocr.engine`. Plain-text documents are one page of their own
-text. The result object lists each page's text, source, confidence and line boxes; the
-`doc.ocr.done` event carries the counts. Broken files, page bombs and oversized pages raise
-PermanentError in `consumers.ocr.pages` and end in the dead-letter topic with the reason.
+the ONNX models of `consumers.ocr.engine`. In the worker (`consumers.groups`) the stage reads
+through a `consumers.ocr.batcher.PageBatcher`: each lane submits its document's pages and waits,
+so the pages of the documents that the lanes handle at the same time go through the models in
+shared batches; given an `OcrEngine` itself, the stage reads each document as a batch of its own.
+Plain-text documents are one page of their own text. The result object lists each page's text,
+source, confidence and line boxes; the `doc.ocr.done` event carries the counts. Broken files, page
+bombs and oversized pages raise PermanentError in `consumers.ocr.pages` and end in the
+dead-letter topic with the reason; so does a page image OCR cannot read ("page N ...").
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from consumers.ocr.engine import OcrEngine
+from consumers.ocr.engine import ImageArray, PageText
 from consumers.ocr.pages import Page, plain_text, render_pages
 from docstream.settings import OcrSettings
 from docstream.topology import OCR_DONE
 
 ENGINE = "rapidocr-3.10.0"
+
+
+class PageReader(Protocol):
+    """`consumers.ocr.batcher.PageBatcher`, or `consumers.ocr.engine.OcrEngine` alone."""
+
+    @property
+    def provider(self) -> str: ...
+
+    def recognize(self, images: Sequence[ImageArray], labels: Sequence[str] | None = None) -> list[PageText]:
+        """One PageText per image, in order; raises the first page's PermanentError or TransientError."""
+        ...
 
 
 class OcrStage:
@@ -26,7 +42,7 @@ class OcrStage:
     name = "ocr"
     result_event = "doc.ocr.done"
 
-    def __init__(self, engine: OcrEngine, settings: OcrSettings, result_topic: str = OCR_DONE) -> None:
+    def __init__(self, engine: PageReader, settings: OcrSettings, result_topic: str = OCR_DONE) -> None:
         self._engine, self._settings = engine, settings
         self.result_topic = result_topic
         mode = "always" if settings.always_ocr else "where-no-text"
@@ -39,7 +55,8 @@ class OcrStage:
             if page.image is not None:
                 numbers.append(page.number)
                 images.append(page.image)
-        read = dict(zip(numbers, self._engine.recognize(images), strict=True))
+        labels = [f"page {number}" for number in numbers]
+        read = dict(zip(numbers, self._engine.recognize(images, labels), strict=True))
         result = []
         for page in pages:
             text = read.get(page.number)

@@ -1,4 +1,5 @@
-"""The OCR group on a real broker: text layers kept, scans read, broken files dead-lettered."""
+"""The OCR group on a real broker: text layers kept, scans read (through the page batcher, as
+`consumers.groups` wires it), broken files dead-lettered."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from kafka_helpers import create_topics, read_messages
 
+from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.metrics import cer
 from consumers.ocr.worker import OcrStage
@@ -41,18 +43,22 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
         )
 
     settings = OcrSettings(providers=("CPUExecutionProvider",))
-    stage = OcrStage(OcrEngine(settings.providers, det_max_side=settings.det_max_side), settings, results)
-    worker = Worker(
-        group_id=group,
-        topics=[source],
-        handler=stage_handler(stage, blobs, codec),
-        decoder=upload_decoder(codec),
-        connection=connection,
-        runtime=RuntimeSettings(concurrency=1),
-    )
-    deadline = time.monotonic() + 120
-    stats = worker.run(until=lambda s: s.handled + s.dead_lettered >= 3 or time.monotonic() > deadline)
+    engine = OcrEngine(settings.providers, det_max_side=settings.det_max_side)
+    with PageBatcher(
+        engine, batch_pages=settings.batch_pages, batch_wait_ms=settings.batch_wait_ms
+    ) as batcher:
+        worker = Worker(
+            group_id=group,
+            topics=[source],
+            handler=stage_handler(OcrStage(batcher, settings, results), blobs, codec),
+            decoder=upload_decoder(codec),
+            connection=connection,
+            runtime=RuntimeSettings(concurrency=2),
+        )
+        deadline = time.monotonic() + 120
+        stats = worker.run(until=lambda s: s.handled + s.dead_lettered >= 3 or time.monotonic() > deadline)
     assert (stats.handled, stats.dead_lettered) == (2, 1)
+    assert batcher.stats().pages == 1  # the scanned memo; the text layers needed no OCR
 
     done = {
         e["document_id"]: e
