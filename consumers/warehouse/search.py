@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumers.warehouse.store import Warehouse
+from consumers.warehouse.store import Queries
 
 SNIPPET_CHARS = 200
 SEARCH_SQL = """
@@ -48,7 +48,7 @@ class Hit:
 
 
 def search(
-    warehouse: Warehouse, vector: Sequence[float], model_version: str, *, k: int = 10, tenant: str = ""
+    warehouse: Queries, vector: Sequence[float], model_version: str, *, k: int = 10, tenant: str = ""
 ) -> list[Hit]:
     """The `k` chunks most similar to `vector` among those embedded by `model_version`."""
     parameters = {

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import (
@@ -48,6 +48,15 @@ _COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 _STATEMENT_END = re.compile(r";\s*(?:\n|$)")
 
 Rows = Sequence[Sequence[Any]]
+
+
+class Queries(Protocol):
+    """What read-only queries need: a `Warehouse`, or the process that owns one
+    (consumers.warehouse.query_server)."""
+
+    def query(
+        self, sql: str, parameters: dict[str, Any] | None = None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
 
 
 def statements(ddl: str) -> list[str]:

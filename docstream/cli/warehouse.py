@@ -1,19 +1,21 @@
 """`docstream warehouse migrate|sink`, `docstream sql` and `docstream search`: the warehouse commands.
 
-In embedded mode (a `chdb://` warehouse URL, the default `<home>/warehouse`) each command
-opens chDB itself, and chDB allows one process per data directory: while `docstream warehouse
-sink` runs, `sql` and `search` on the same directory fail with a message saying so. Having the
-owning process answer queries is a later step; with a ClickHouse server (http(s):// URL)
-every command works side by side.
+In embedded mode (a `chdb://` warehouse URL, the default `<home>/warehouse`) chDB allows one
+process per data directory. The process that owns it while it runs (`warehouse sink`, `up`,
+`demo`) answers read-only queries for the others (consumers.warehouse.query_server): `sql`,
+`search` and `analytics` go through it when it runs and open chDB themselves when it does
+not. With a ClickHouse server (http(s):// URL) every command opens the server itself.
 """
 
 from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +24,9 @@ from rich.table import Table
 import infra
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from consumers.warehouse.store import Queries
 
 DDL_DIR = Path(infra.__file__).parent / "clickhouse"
 
@@ -59,13 +64,16 @@ def migrate(as_json: bool = typer.Option(False, "--json", help="print the result
 def sink() -> None:
     """Run the warehouse sink until SIGTERM / SIGINT: result events and dead letters into tables."""
     from consumers.groups import build_sink
+    from consumers.warehouse.query_server import serve_queries
     from consumers.warehouse.store import Warehouse
 
     s = settings()
     with Warehouse(s.warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
         handler, worker = build_sink(s, warehouse)
-        with handler:  # the flusher outlives the worker: deferred messages settle during its shutdown
+        # the flusher outlives the worker: deferred messages settle during its shutdown;
+        # meanwhile `docstream sql|search|analytics` query the embedded warehouse through this process
+        with serve_queries(warehouse), handler:
             worker.install_signal_handlers()
             console.print(f"warehouse sink: {warehouse.url}, topics {', '.join(worker.topics)}")
             stats = worker.run()
@@ -78,12 +86,12 @@ def sql(
     output: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
 ) -> None:
     """Run a read-only SQL query on the warehouse (database `docstream`)."""
-    from consumers.warehouse.store import Warehouse, check_read_only
+    from consumers.warehouse.store import check_read_only
 
     if output not in FORMATS:
         raise ConfigurationError(f"--format {output}: choose one of {', '.join(FORMATS)}")
     check_read_only(query)  # refuse before opening anything
-    with Warehouse(settings().warehouse_url) as warehouse:
+    with _queries() as warehouse:
         columns, rows = warehouse.query(query)
     _print_rows(columns, rows, output)
 
@@ -92,9 +100,8 @@ def sql(
 def analytics(as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
     """Per tenant and hour: documents, pages, p95 latency per stage; dead letters per hour and group."""
     from consumers.analytics.report import HOURLY_DEAD_LETTERS, HOURLY_ROLLUPS, hourly
-    from consumers.warehouse.store import Warehouse
 
-    with Warehouse(settings().warehouse_url) as warehouse:
+    with _queries() as warehouse:
         _, rollups = warehouse.query(HOURLY_ROLLUPS)
         _, dead = warehouse.query(HOURLY_DEAD_LETTERS)
     report = hourly(rollups)
@@ -117,11 +124,10 @@ def search(
     """Rank the indexed chunks by cosine similarity to the query: document, page, snippet, score."""
     from consumers.embeddings.model import EmbeddingModel
     from consumers.warehouse.search import search as ranked
-    from consumers.warehouse.store import Warehouse
 
     model = EmbeddingModel(("CPUExecutionProvider",))  # one short text: the CPU is quickest to start
     vector = model.embed([query])[0]
-    with Warehouse(settings().warehouse_url) as warehouse:
+    with _queries() as warehouse:
         hits = ranked(warehouse, vector.tolist(), model.model_version, k=k, tenant=tenant)
     if as_json:
         print_json([asdict(hit) for hit in hits])
@@ -130,6 +136,17 @@ def search(
     for hit in hits:
         table.add_row(f"{hit.score:.3f}", hit.document_id, str(hit.page), hit.snippet.replace("\n", " "))
     Console().print(table)
+
+
+@contextmanager
+def _queries() -> Iterator[Queries]:
+    """The warehouse for read-only queries: through the process that owns chDB when one runs."""
+    from consumers.warehouse.query_server import OwnerQueries, open_for_queries
+
+    with open_for_queries(settings().warehouse_url) as queries:
+        if isinstance(queries, OwnerQueries):
+            console.print(f"[dim]answered by the process that owns the warehouse (pid {queries.pid})[/dim]")
+        yield queries
 
 
 def _print_rows(columns: list[str], rows: list[tuple[Any, ...]], output: str) -> None:

@@ -1,0 +1,118 @@
+"""A process that owns an embedded warehouse, as `docstream warehouse sink` does, for query tests.
+
+It opens the chDB directory of `--url`, migrates it, inserts a few rows into the real tables,
+touches `<signals>/locked`, waits `--serve-after` seconds (an owner still starting up), then
+answers queries with `serve_queries` and touches `<signals>/ready`, until SIGTERM (a clean
+exit: the endpoint file goes) or SIGKILL (the file stays behind, stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from consumers.analytics.sketch import LatencySketch
+from consumers.runtime import headers as hdr
+from consumers.warehouse.query_server import serve_queries
+from consumers.warehouse.sink import (
+    CHUNK_COLUMNS,
+    CHUNKS,
+    DEAD_LETTER_COLUMNS,
+    DEAD_LETTERS,
+    ROLLUP_COLUMNS,
+    ROLLUPS_TABLE,
+    STAGE_RESULT_COLUMNS,
+    STAGE_RESULTS,
+    chunk_rows,
+    dead_letter_row,
+    stage_result_row,
+)
+from consumers.warehouse.store import Warehouse
+from docstream.cli.warehouse import DDL_DIR
+
+NOW_MS = 1_735_787_045_000
+MODEL = "m@1:chunks120/20"
+
+
+def completion(stage: str, document_id: str, **fields: object) -> dict[str, object]:
+    return {
+        "document_id": document_id,
+        "tenant": "acme",
+        "content_sha256": uuid.uuid5(uuid.NAMESPACE_OID, document_id).hex * 2,
+        "idempotency_key": f"{stage}-{document_id}",
+        "stage": stage,
+        "model_version": "v1",
+        "result_uri": f"file:///nowhere/{stage}/{document_id}.json",
+        "completed_at": NOW_MS + 1234,
+        "processing_ms": 12,
+        "upload_at": NOW_MS,
+        **fields,
+    }
+
+
+def fill(warehouse: Warehouse) -> None:
+    results = [
+        stage_result_row(completion("ocr", "doc-1", pages=2, pages_ocr=1, engine="e")),
+        stage_result_row(completion("thumbnails", "doc-1", sizes=[256])),
+    ]
+    warehouse.insert(STAGE_RESULTS, results, STAGE_RESULT_COLUMNS)
+    stored = {
+        "chunks": [
+            {"page": 1, "index": 0, "text": "invoice total", "vector": [0.6, 0.8, 0.0]},
+            {"page": 2, "index": 0, "text": "lasagne on thursday", "vector": [0.0, 0.1, 0.99]},
+        ]
+    }
+    event = {**completion("embeddings", "doc-1"), "model_version": MODEL}
+    warehouse.insert(CHUNKS, chunk_rows(event, stored), CHUNK_COLUMNS)
+    letter = dead_letter_row("docstream.ocr.dlq", b"doc-9", {hdr.ERROR_CLASS: "PermanentError"}, NOW_MS)
+    warehouse.insert(DEAD_LETTERS, [letter], DEAD_LETTER_COLUMNS)
+    sketch = LatencySketch()
+    for value in (100, 120, 900):
+        sketch.add(value)
+    hour = datetime.fromtimestamp(NOW_MS // 3_600_000 * 3600, tz=UTC)
+    stats = [3, 1120, 120.0, 900.0, 0, 0, None, None, 0, 0, None, None]
+    rollup = (
+        3600,
+        hour,
+        "acme",
+        "application/pdf",
+        3,
+        4096,
+        5,
+        *stats,
+        json.dumps({"ocr": sketch.to_dict()}),
+    )
+    warehouse.insert(ROLLUPS_TABLE, [rollup], ROLLUP_COLUMNS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--signals", type=Path, required=True)
+    parser.add_argument("--serve-after", type=float, default=0.0)
+    args = parser.parse_args()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    with Warehouse(args.url) as warehouse:
+        warehouse.migrate(DDL_DIR)
+        fill(warehouse)
+        (args.signals / "locked").touch()
+        stop.wait(args.serve_after)
+        with serve_queries(warehouse) as endpoint:
+            assert endpoint is not None
+            (args.signals / "ready").touch()
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()
