@@ -71,6 +71,16 @@ class OcrSettings(BaseModel):
     max_pages: int = Field(default=200, ge=1)
     max_pixels: int = Field(default=40_000_000, ge=1, description="per rendered page")
     providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    batch_pages: int = Field(
+        default=8,
+        ge=1,
+        description="most pages, from any of the documents the lanes hold, read as one batch",
+    )
+    batch_wait_ms: float = Field(
+        default=20.0,
+        ge=0,
+        description="how long a batch's first page waits for more pages before a smaller batch runs",
+    )
 
 
 class WarehouseSettings(BaseModel):
@@ -84,6 +94,22 @@ class WarehouseSettings(BaseModel):
     )
     batch_rows: int = Field(default=500, ge=1, description="insert a batch once it holds this many rows")
     batch_ms: int = Field(default=1000, ge=1, description="or once its first row waited this long")
+
+
+class AnalyticsSettings(BaseModel):
+    """When the analytics worker closes a window (consumers/analytics/app.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    grace_ms: int = Field(
+        default=10_000, ge=0, description="a window closes once the watermark passes its end + grace"
+    )
+    idle_ms: int | None = Field(
+        default=2_000,
+        ge=100,
+        description="idle this long with every source committed: the wall clock moves the watermark; "
+        "unset: event time only",
+    )
 
 
 class Settings(BaseSettings):
@@ -136,6 +162,7 @@ class Settings(BaseSettings):
     thumbnails: ThumbnailSettings = ThumbnailSettings()
     ocr: OcrSettings = OcrSettings()
     warehouse: WarehouseSettings = WarehouseSettings()
+    analytics: AnalyticsSettings = AnalyticsSettings()
 
     @property
     def blob_root(self) -> str:
