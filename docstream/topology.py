@@ -13,10 +13,14 @@ OCR_DONE = "doc.ocr.done"
 EMBEDDED = "doc.embedded"
 THUMBNAILED = "doc.thumbnailed"
 ROLLUPS = "analytics.rollups"
+# The analytics worker's idle ticks (consumers.analytics.app): co-partitioned with the sources, so
+# that a tick is folded, and committed, in the same partition's transaction as that partition's events.
+ANALYTICS_CLOCK = "analytics.clock"
 
 RESULT_TOPICS = (OCR_DONE, EMBEDDED, THUMBNAILED, ROLLUPS)
 
-WEEK_MS = 7 * 24 * 3600 * 1000
+DAY_MS = 24 * 3600 * 1000
+WEEK_MS = 7 * DAY_MS
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ RETENTION = {
     "events": (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS))),
     "retries": (("cleanup.policy", "delete"), ("retention.ms", str(WEEK_MS))),
     "dead_letters": (("cleanup.policy", "delete"), ("retention.ms", str(4 * WEEK_MS))),
+    "ticks": (("cleanup.policy", "delete"), ("retention.ms", str(DAY_MS))),
 }
 
 
@@ -94,6 +99,7 @@ def declared_topics(partitions: int = 12, prefix: str = "docstream.") -> list[To
     """Every topic docstream needs, with its configs."""
     specs = [TopicSpec(DOC_UPLOADED, partitions, RETENTION["events"])]
     specs += [TopicSpec(t, partitions, RETENTION["events"]) for t in RESULT_TOPICS]
+    specs.append(TopicSpec(ANALYTICS_CLOCK, partitions, RETENTION["ticks"]))
     for g in GROUPS:
         specs += group_topics(group_id(g.name, prefix), partitions)
     return specs

@@ -19,7 +19,11 @@ def main() -> None:
     app = make_app(
         group_id("analytics", settings.group_prefix),
         settings.bootstrap,
+        partitions=settings.topic_partitions,
         codec=make_codec(settings.schema_registry_url),
+        grace_ms=settings.analytics.grace_ms,
+        idle_ms=settings.analytics.idle_ms,
+        datadir=str(settings.home / "analytics"),
     )
     app.main()  # faust's command line: `worker`, `-l info`, ...
 

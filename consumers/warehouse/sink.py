@@ -90,6 +90,7 @@ ROLLUP_COLUMNS = (
     "window_start",
     "tenant",
     "content_type",
+    "source_partition",
     "documents",
     "bytes",
     "pages",
@@ -171,7 +172,8 @@ def dead_letter_row(topic: str, key: bytes | None, headers: Mapping[str, str], t
 
 
 def rollup_row(rollup: Mapping[str, Any]) -> Row:
-    """The `rollups` row of an analytics.rollups record (consumers.analytics.windows.Rollup.to_dict)."""
+    """The `rollups` row of an analytics.rollups record (consumers.analytics.windows.Rollup.to_dict,
+    plus the source `partition` whose partial it is: consumers.analytics.app)."""
     latency = rollup["latency"]
     per_stage: list[Any] = []
     for stage in ROLLUP_STAGES:
@@ -183,6 +185,7 @@ def rollup_row(rollup: Mapping[str, Any]) -> Row:
         _timestamp(int(rollup["window_start"])),
         rollup["tenant"],
         rollup["content_type"],
+        int(rollup.get("partition", 0)),
         int(rollup["documents"]),
         int(rollup["bytes"]),
         int(rollup["pages"]),

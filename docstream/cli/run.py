@@ -1,10 +1,12 @@
 """`docstream worker NAME` runs one group's worker; `docstream demo` is the job `make run` runs.
 
 The demo publishes the generated sample documents (and one undecodable event), runs the OCR,
-embeddings and thumbnails groups and the warehouse sink side by side on the shared runtime
-until every group's lag is zero, and prints what happened to each document (pages, an OCR
-excerpt, chunks, thumbnails, or the dead-letter reason), the warehouse's rows per stage and
-a semantic search answered from ClickHouse. In embedded mode this process owns chDB.
+embeddings and thumbnails groups and the warehouse sink side by side on the shared runtime,
+and the analytics group (faust) in a child process, until every group's lag is zero and the
+1-minute windows of the run have closed and reached the warehouse. It prints what happened to
+each document (pages, an OCR excerpt, chunks, thumbnails, or the dead-letter reason), the
+warehouse's rows per stage, a semantic search answered from ClickHouse and the rollup table.
+In embedded mode this process owns chDB.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from consumers.analytics.process import AnalyticsProcess, analytics_worker
+from consumers.analytics.sketch import LatencySketch
+from consumers.analytics.windows import STAGES
 from consumers.groups import WORKER_GROUPS, build_sink, build_worker
 from consumers.lag import offset_lag
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
+from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.search import search
 from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import Warehouse
@@ -73,20 +79,23 @@ def up() -> None:
         declared_topics(s.topic_partitions, s.group_prefix),
         replication_factor=s.replication_factor,
     )
-    with Warehouse(s.warehouse_url) as warehouse:
+    with Warehouse(s.warehouse_url) as warehouse, serve_queries(warehouse), analytics_worker(s) as analytics:
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
         sink, sink_worker = build_sink(s, warehouse)
         members = [*workers, sink_worker]
         console.print(
-            "up: " + ", ".join(m.group_id for m in members) + f"; warehouse {warehouse.url}; Ctrl-C stops"
+            "up: "
+            + ", ".join(m.group_id for m in members)
+            + f", {group_id('analytics', s.group_prefix)} (faust, log {analytics.log_path})"
+            + f"; warehouse {warehouse.url}; Ctrl-C stops"
         )
 
         def until_signalled(stop: threading.Event) -> None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             while not stop.wait(0.5):
-                pass
+                analytics.check()
 
         with sink:
             _side_by_side(members, until_signalled)
@@ -118,17 +127,25 @@ def demo(
         declared_topics(s.topic_partitions, s.group_prefix),
         replication_factor=s.replication_factor,
     )
-    with Warehouse(s.warehouse_url) as warehouse, Progress(console=console, transient=True) as progress:
+    started_ms = int(time.time() * 1000)
+    with (
+        Warehouse(s.warehouse_url) as warehouse,
+        serve_queries(warehouse),  # `docstream sql / search / analytics` meanwhile ask this process
+        analytics_worker(s) as analytics,
+        Progress(console=console, transient=True) as progress,
+    ):
         task = progress.add_task("loading models, migrating the warehouse", total=None)
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
         sink, sink_worker = build_sink(s, warehouse)
         progress.update(task, description="publishing the sample documents")
-        published = _publish(s)
+        published, undecodable = _publish(s)
+        rollups = _RollupWait(s, warehouse, analytics, published, started_ms)
         with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown
-            _run_until_caught_up(s, [*workers, sink_worker], progress, task, timeout)
-        _print_summary(s, published, time.monotonic() - started)
+            _run_until_caught_up(s, [*workers, sink_worker], progress, task, timeout, rollups)
+        _print_summary(s, published, undecodable, time.monotonic() - started)
         _print_warehouse(s, warehouse)
+        _print_rollups(s, warehouse, started_ms)
 
 
 def _prepare(s: Settings) -> None:
@@ -172,7 +189,60 @@ def _print_warehouse(s: Settings, warehouse: Warehouse) -> None:
     out.print(table)
 
 
-def _publish(s: Settings) -> list[tuple[str, PublishedDocument]]:
+def _print_rollups(s: Settings, warehouse: Warehouse, started_ms: int) -> None:
+    """The run's closed 1-minute windows, as the analytics group rolled them up: each row sums the
+    partitions' partials and merges their latency sketches for the p95."""
+    _, rows = warehouse.query(
+        "SELECT window_start, tenant, content_type, documents, bytes, pages, sketch "
+        "FROM docstream.rollups FINAL WHERE window_size_s = 60 "
+        "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC') "
+        "ORDER BY window_start, tenant, content_type",
+        {"since": started_ms - started_ms % 60_000},
+    )
+    windows: dict[tuple[Any, str, str], dict[str, Any]] = {}
+    for start, tenant, ctype, docs, size, pages, sketch in rows:
+        entry = windows.setdefault(
+            (start, tenant, ctype), {"docs": 0, "bytes": 0, "pages": 0, "partials": 0, "latency": {}}
+        )
+        entry["docs"] += docs
+        entry["bytes"] += size
+        entry["pages"] += pages
+        entry["partials"] += 1
+        for stage, data in json.loads(sketch or "{}").items():
+            entry["latency"].setdefault(stage, LatencySketch()).merge(LatencySketch.from_dict(data))
+    table = Table(title="analytics.rollups: closed 1-minute windows of this run (docstream.rollups)")
+    for column in ("window", "tenant", "content type"):
+        table.add_column(column)
+    for column in ("docs", "bytes", "pages", *STAGES, "partitions"):
+        table.add_column(column, justify="right")
+    for (start, tenant, ctype), entry in windows.items():
+        cells = []
+        for stage in STAGES:
+            sketch = entry["latency"].get(stage)
+            count = sketch.count if sketch is not None else 0
+            cells.append(f"{count} p95 {sketch.quantile(0.95):.0f} ms" if sketch and count else "")
+        table.add_row(
+            f"{start:%H:%M} UTC",
+            tenant,
+            ctype,
+            str(entry["docs"]),
+            str(entry["bytes"]),
+            str(entry["pages"]),
+            *cells,
+            str(entry["partials"]),
+        )
+    out = Console(width=max(160, Console().width))
+    out.print(table)
+    hour_end = started_ms - started_ms % 3_600_000 + 3_600_000
+    out.print(
+        f"the 1-hour windows close at {time.strftime('%H:%M', time.gmtime(hour_end / 1000))} UTC"
+        f" + {s.analytics.grace_ms / 1000:g} s grace, when the next events or the idle clock pass it;"
+        " `docstream analytics` reports them per tenant and hour"
+    )
+
+
+def _publish(s: Settings) -> tuple[list[tuple[str, PublishedDocument]], str]:
+    """The sample documents, published; and the key of the undecodable event sent after them."""
     published = []
     with Publisher.from_settings(s) as publisher:
         for sample in sample_documents():
@@ -183,29 +253,101 @@ def _publish(s: Settings) -> list[tuple[str, PublishedDocument]]:
                 attributes={"name": sample.name},
             )
             published.append((sample.name, doc))
-        publisher.publish_raw(DOC_UPLOADED, f"undecodable-{uuid.uuid4().hex[:8]}".encode(), BROKEN_EVENT)
+        undecodable = f"undecodable-{uuid.uuid4().hex[:8]}"
+        publisher.publish_raw(DOC_UPLOADED, undecodable.encode(), BROKEN_EVENT)
         publisher.flush()
-    return published
+    return published, undecodable
+
+
+class _RollupWait:
+    """Until the 1-minute windows of the run are closed and in the warehouse: every sample
+    document counted, and every stage's completions of them (read from the result topics)."""
+
+    def __init__(
+        self,
+        s: Settings,
+        warehouse: Warehouse,
+        analytics: AnalyticsProcess,
+        published: list[tuple[str, PublishedDocument]],
+        started_ms: int,
+    ) -> None:
+        self.s, self.warehouse, self.analytics = s, warehouse, analytics
+        self.published, self.started_ms = published, started_ms
+        self.expected: dict[str, int] | None = None
+        self.closes_at_ms = 0
+
+    def done(self) -> tuple[bool, str]:
+        """(finished, what is awaited) — call once the worker groups have caught up."""
+        self.analytics.check()
+        if self.expected is None:  # the stages have finished: what the rollups must count
+            ids = {doc.document_id for _, doc in self.published}
+            codec = make_codec(self.s.schema_registry_url)
+            self.expected = {"documents": len(ids)}
+            for stage, topic, event in (
+                ("ocr", OCR_DONE, "doc.ocr.done"),
+                ("embeddings", EMBEDDED, "doc.embedded"),
+                ("thumbnails", THUMBNAILED, "doc.thumbnailed"),
+            ):
+                keys = {
+                    e["idempotency_key"]
+                    for e in (codec.decode(event, v) for _, v in _read(self.s, topic))
+                    if e["document_id"] in ids
+                }
+                self.expected[f"{stage}_count"] = len(keys)
+            now_ms = int(time.time() * 1000)
+            self.closes_at_ms = now_ms - now_ms % 60_000 + 60_000 + self.s.analytics.grace_ms
+        _, rows = self.warehouse.query(ROLLUP_TOTALS, {"since": self.started_ms - self.started_ms % 60_000})
+        totals = dict(zip(ROLLUP_COLUMNS, rows[0], strict=True)) if rows else {}
+        missing = {k: v for k, v in self.expected.items() if int(totals.get(k) or 0) < v}
+        if not missing:
+            return True, ""
+        wait_s = max(0, (self.closes_at_ms - int(time.time() * 1000)) // 1000)
+        return False, (
+            f"analytics: closing the 1-minute windows (about {wait_s} s: window end + "
+            f"{self.s.analytics.grace_ms / 1000:g} s grace)"
+        )
+
+
+ROLLUP_COLUMNS = ("documents", "ocr_count", "embeddings_count", "thumbnails_count")
+ROLLUP_TOTALS = (
+    "SELECT sum(documents), sum(ocr_count), sum(embeddings_count), sum(thumbnails_count) "
+    "FROM docstream.rollups FINAL WHERE window_size_s = 60 "
+    "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')"
+)
 
 
 def _run_until_caught_up(
-    s: Settings, workers: list[Worker], progress: Progress, task: Any, timeout: float
+    s: Settings,
+    workers: list[Worker],
+    progress: Progress,
+    task: Any,
+    timeout: float,
+    rollups: _RollupWait | None = None,
 ) -> None:
-    """Run the workers side by side until every group has committed everything it reads."""
+    """Run the workers side by side until every group has committed everything it reads (and,
+    with `rollups`, until the run's windows are in the warehouse)."""
     deadline = time.monotonic() + timeout
+    waiting_for = ["the groups"]
 
     def caught_up(stop: threading.Event) -> None:
         while not stop.is_set() and time.monotonic() < deadline:
             lags = {w.group_id: offset_lag(connection_config(s), w.group_id, w.topics) for w in workers}
             waiting = ", ".join(f"{g.removeprefix(s.group_prefix)} {lag}" for g, lag in lags.items())
             progress.update(task, description=f"groups working; lag: {waiting}")
+            waiting_for[0] = f"the groups (lag: {waiting})"
             if not any(lags.values()):
-                return
+                if rollups is None:
+                    return
+                finished, awaited = rollups.done()
+                if finished:
+                    return
+                progress.update(task, description=awaited)
+                waiting_for[0] = awaited
             time.sleep(1.0)
 
     _side_by_side(workers, caught_up)
     if time.monotonic() > deadline:
-        raise DocstreamError(f"the groups did not catch up within {timeout:.0f} s")
+        raise DocstreamError(f"gave up after {timeout:.0f} s waiting for {waiting_for[0]}")
 
 
 def _side_by_side(workers: list[Worker], wait: Callable[[threading.Event], None]) -> None:
@@ -236,7 +378,9 @@ def _side_by_side(workers: list[Worker], wait: Callable[[threading.Event], None]
         raise errors[0] if isinstance(errors[0], DocstreamError) else DocstreamError(repr(errors[0]))
 
 
-def _print_summary(s: Settings, published: list[tuple[str, PublishedDocument]], elapsed: float) -> None:
+def _print_summary(
+    s: Settings, published: list[tuple[str, PublishedDocument]], undecodable: str, elapsed: float
+) -> None:
     ids = {doc.document_id for _, doc in published}
     codec, blobs = make_codec(s.schema_registry_url), BlobStore(s.blob_root)
     results = {
@@ -279,7 +423,7 @@ def _print_summary(s: Settings, published: list[tuple[str, PublishedDocument]], 
             else "",
         )
     for key, reason in dead["ocr"].items():
-        if key.startswith("undecodable-"):
+        if key == undecodable:  # this run's, not those of earlier runs
             table.add_row(
                 "(an undecodable event)", "", "", "", f"[yellow]dead-lettered[/yellow]: {reason}", "", ""
             )

@@ -1,11 +1,13 @@
 """The analytics faust worker on the real broker: closed 1-minute rollups add up exactly, a
-redelivered upload counts once, and a SIGKILL mid-window loses and duplicates nothing.
+redelivered upload counts once, and a SIGKILL mid-window loses and duplicates nothing; an idle
+worker closes due windows by the wall clock. The sources have PARTITIONS partitions (each folded
+in its own transaction: the rollups are partials per partition, which the checks sum).
 
 The worker runs this file as a script in a child process, under SIGALRM (`WORKER_LIFETIME_S`),
 and the parent stops it (SIGTERM, then SIGKILL) in a `finally`: a faust worker never exits by
 itself (docs/notes-faust.md). Events have fixed timestamps in the past; the windows close when a
-last upload far in the future moves the watermark, produced only after the worker has committed
-every earlier source offset, so that it cannot overtake them.
+last upload far in the future, one to each partition, moves the watermarks, produced only after
+the worker has committed every earlier source offset, so that it cannot overtake them.
 """
 
 from __future__ import annotations
@@ -33,28 +35,33 @@ DEADLINE_S = 45
 BASE_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z, a minute (and hour) boundary
 MINUTE_MS = 60_000
 N_DOCS = 12  # uploaded every 7 s from BASE_MS: two 1-minute windows
+PARTITIONS = 3
 # The four source topics are read concurrently, so event time is only ordered per topic: the grace
 # must cover the spread of the test's events (80 s), or one topic's events close another's windows.
 GRACE_MS = 300_000
 
 
-def _worker_main(bootstrap: str, app_id: str, topics_json: str) -> None:
+def _worker_main(bootstrap: str, app_id: str, topics_json: str, options_json: str) -> None:
     import faust
 
     from consumers.analytics.app import make_app
 
-    app = make_app(app_id, bootstrap, topics=json.loads(topics_json), grace_ms=GRACE_MS,
-                   session_timeout_s=6.0, commit_interval_s=1.0)
+    options = {"grace_ms": GRACE_MS, "idle_ms": None, **json.loads(options_json)}  # event time only
+    if "window_sizes_ms" in options:
+        options["window_sizes_ms"] = tuple(options["window_sizes_ms"])
+    app = make_app(app_id, bootstrap, topics=json.loads(topics_json), partitions=PARTITIONS,
+                   session_timeout_s=6.0, commit_interval_s=1.0, **options)
     faust.Worker(app, loglevel="info").execute_from_commandline()
 
 
 @contextmanager
-def analytics_worker(bootstrap: str, app_id: str, topics: dict[str, str], log_path: Path
-                     ) -> Iterator[subprocess.Popen[bytes]]:
+def analytics_worker(bootstrap: str, app_id: str, topics: dict[str, str], log_path: Path,
+                     **options: Any) -> Iterator[subprocess.Popen[bytes]]:
     """The analytics worker in a child process for the block; never left running."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    argv = [sys.executable, __file__, bootstrap, app_id, json.dumps(topics), json.dumps(options)]
     with log_path.open("ab") as log:
-        child = subprocess.Popen([sys.executable, __file__, bootstrap, app_id, json.dumps(topics)],
+        child = subprocess.Popen(argv,
                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     try:
         yield child
@@ -87,25 +94,30 @@ def ocr_done(i: int) -> dict[str, Any]:
     }
 
 
-def produce(conf: dict[str, Any], items: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """(topic, event type, record) tuples, Avro-encoded, keyed by document id."""
-    codec, producer = make_codec(None), Producer(conf)
+def produce(conf: dict[str, Any], items: list[tuple[str, str, dict[str, Any]]],
+            partition: int | None = None) -> None:
+    """(topic, event type, record) tuples, Avro-encoded, keyed by document id (so a document's
+    upload and completions share a partition number), or all to `partition`."""
+    codec, producer = make_codec(None), Producer({**conf, "compression.type": "lz4"})  # as the publisher
     for topic, event_type, record in items:
-        producer.produce(topic, key=record["document_id"].encode(), value=codec.encode(event_type, record))
+        where = {} if partition is None else {"partition": partition}
+        producer.produce(topic, key=record["document_id"].encode(), value=codec.encode(event_type, record),
+                         **where)
     assert producer.flush(15) == 0
 
 
-def wait_committed(conf: dict[str, Any], group: str, ends: dict[str, int], log_path: Path) -> None:
-    """Wait until the worker's group committed `ends` (topic -> offset, partition 0)."""
+def wait_committed(conf: dict[str, Any], group: str, ends: dict[tuple[str, int], int], log_path: Path
+                   ) -> None:
+    """Wait until the worker's group committed `ends` ((topic, partition) -> offset)."""
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
     deadline = time.monotonic() + DEADLINE_S
     try:
         while time.monotonic() < deadline:
             try:
-                parts = consumer.committed([TopicPartition(t, 0) for t in ends], timeout=10)
+                parts = consumer.committed([TopicPartition(t, p) for t, p in ends], timeout=10)
             except KafkaException:  # NOT_COORDINATOR while the group's coordinator is loading
                 parts = []
-            if parts and all(p.offset >= ends[p.topic] for p in parts):
+            if parts and all(p.offset >= ends[(p.topic, p.partition)] for p in parts):
                 return
             time.sleep(0.5)
     finally:
@@ -113,8 +125,9 @@ def wait_committed(conf: dict[str, Any], group: str, ends: dict[str, int], log_p
     pytest.fail(f"the worker did not commit {ends} in {DEADLINE_S} s\n{log_tail(log_path)}")
 
 
-def closed_minute_totals(conf: dict[str, Any], topic: str, want_documents: int) -> dict[str, Any]:
-    """documents/bytes/pages over the 1-minute rollups on `topic`, the last record per key winning
+def closed_minute_totals(conf: dict[str, Any], topic: str, want_documents: int, size_ms: int = MINUTE_MS
+                         ) -> dict[str, Any]:
+    """documents/bytes/pages over the `size_ms` rollups on `topic`, the last record per key winning
     (as the ReplacingMergeTree does); waits until `want_documents` show, then 1 s more."""
     consumer = Consumer({**conf, "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, 0, 0)])
@@ -125,12 +138,12 @@ def closed_minute_totals(conf: dict[str, Any], topic: str, want_documents: int) 
             message = consumer.poll(0.5)
             if message is not None and message.error() is None:
                 latest[message.key() or b""] = json.loads(message.value() or b"{}")
-            minutes = [r for r in latest.values() if r["window_size"] == MINUTE_MS]
+            minutes = [r for r in latest.values() if r["window_size"] == size_ms]
             if settle_until is None and sum(r["documents"] for r in minutes) >= want_documents:
                 settle_until = time.monotonic() + 1.0
     finally:
         consumer.close()
-    minutes = [r for r in latest.values() if r["window_size"] == MINUTE_MS]
+    minutes = [r for r in latest.values() if r["window_size"] == size_ms]
     return {name: sum(r[name] for r in minutes) for name in ("documents", "bytes", "pages")} | {
         "window_starts": sorted({r["window_start"] for r in minutes})
     }
@@ -145,8 +158,9 @@ def analytics_topics(new_topic: Callable[..., str], admin_conf: dict[str, Any]) 
     """Fresh source and rollup topics, and a fresh app id (its internal topics deleted afterwards)."""
     from infra.topics import delete_topics, list_topic_names
 
-    topics = {role: new_topic(1, f"an-{role}") for role in ("uploaded", "ocr", "embeddings", "thumbnails",
-                                                               "rollups")}
+    topics = {role: new_topic(PARTITIONS, f"an-{role}")
+              for role in ("uploaded", "ocr", "embeddings", "thumbnails", "clock")}
+    topics["rollups"] = new_topic(1, "an-rollups")
     topics["app_id"] = f"analytics-{uuid.uuid4().hex[:10]}"
     yield topics
     app_id = topics["app_id"]
@@ -168,16 +182,22 @@ def events(topics: dict[str, str], docs: range) -> list[tuple[str, str, dict[str
 
 
 def close_windows(conf: dict[str, Any], topics: dict[str, str], log_path: Path) -> None:
-    """Wait until every event so far is committed, then jump the watermark 10 hours ahead."""
-    ends = {topics[role]: _end(conf, topics[role]) for role in ("uploaded", "ocr")}
-    wait_committed(conf, topics["app_id"], ends, log_path)
-    produce(conf, [(topics["uploaded"], "doc.uploaded", upload(999, at_ms=BASE_MS + 10 * 3_600_000))])
+    """Wait until every event so far is committed, then jump each partition's watermark 10 hours."""
+    wait_committed(conf, topics["app_id"], ends(conf, topics), log_path)
+    for p in range(PARTITIONS):
+        future = upload(900 + p, at_ms=BASE_MS + 10 * 3_600_000)
+        produce(conf, [(topics["uploaded"], "doc.uploaded", future)], partition=p)
 
 
-def _end(conf: dict[str, Any], topic: str) -> int:
+def ends(conf: dict[str, Any], topics: dict[str, str]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> end offset of the uploads and OCR completions (empty partitions left out:
+    nothing to commit there)."""
     consumer = Consumer({**conf, "group.id": f"probe-{uuid.uuid4().hex[:8]}"})
     try:
-        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+        found = {(topics[role], p): int(consumer.get_watermark_offsets(TopicPartition(topics[role], p),
+                                                                        timeout=10)[1])
+                 for role in ("uploaded", "ocr") for p in range(PARTITIONS)}
+        return {where: end for where, end in found.items() if end > 0}
     finally:
         consumer.close()
 
@@ -203,8 +223,7 @@ def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_doubl
     half = N_DOCS // 2
     produce(admin_conf, events(topics, range(half)))
     with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path) as child:
-        ends = {topics[role]: _end(admin_conf, topics[role]) for role in ("uploaded", "ocr")}
-        wait_committed(admin_conf, topics["app_id"], ends, log_path)
+        wait_committed(admin_conf, topics["app_id"], ends(admin_conf, topics), log_path)
         child.kill()  # SIGKILL: no clean shutdown, no final commit
         child.wait(timeout=10)
     redelivered = [(topics["uploaded"], "doc.uploaded", upload(1))]
@@ -215,6 +234,27 @@ def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_doubl
     assert totals == EXPECTED, log_tail(log_path)
 
 
+def test_an_idle_worker_closes_due_windows_by_the_wall_clock(
+    kafka_bootstrap: str, admin_conf: dict[str, Any], analytics_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """Events stamped now and then silence: no later event moves the watermark, yet once the worker
+    is idle with its sources committed, its tick closes the (5 s) windows and they add up exactly."""
+    topics, log_path = analytics_topics, tmp_path / "analytics.log"
+    now_ms = int(time.time() * 1000)
+    docs = range(4)
+    uploads = [(topics["uploaded"], "doc.uploaded", upload(i, at_ms=now_ms + i)) for i in docs]
+    stamped = {i: {**ocr_done(i), "upload_at": now_ms + i, "completed_at": now_ms + i} for i in docs}
+    ocr = [(topics["ocr"], "doc.ocr.done", stamped[i]) for i in docs if i % 2 == 0]
+    produce(admin_conf, uploads + ocr)
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path,
+                          grace_ms=1_000, idle_ms=500, window_sizes_ms=[5_000]):
+        totals = closed_minute_totals(admin_conf, topics["rollups"], len(docs), size_ms=5_000)
+    assert totals["documents"] == len(docs), log_tail(log_path)
+    assert totals["bytes"] == sum(1000 + i for i in docs)
+    assert totals["pages"] == sum(i + 1 for i in docs if i % 2 == 0)
+    assert "tick at" in log_path.read_text(errors="replace")
+
+
 if __name__ == "__main__":
     signal.alarm(WORKER_LIFETIME_S)  # the default SIGALRM action ends the process: a hard bound
-    _worker_main(*sys.argv[1:4])
+    _worker_main(*sys.argv[1:5])

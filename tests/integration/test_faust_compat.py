@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,6 +60,7 @@ def _worker_main(bootstrap: str, app_id: str, source_name: str, sink_name: str, 
         app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
+        datadir=os.path.join(tempfile.gettempdir(), f"{app_id}-data"),  # not the working directory
         web_enabled=False,
         topic_partitions=1,
         topic_replication_factor=1,

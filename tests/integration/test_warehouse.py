@@ -56,6 +56,8 @@ def warehouse(warehouse_url: str) -> Iterator[Warehouse]:
         opened.migrate(DDL_DIR)
         yield opened
 
+MIGRATIONS = ["001_results.sql", "002_rollups.sql", "003_rollups_by_partition.sql"]
+
 
 def completion(stage: str, document_id: str, version: str, **fields: object) -> dict[str, object]:
     sha = uuid.uuid5(uuid.NAMESPACE_OID, document_id).hex * 2
@@ -76,7 +78,7 @@ def completion(stage: str, document_id: str, version: str, **fields: object) -> 
 
 def test_migrating_twice_applies_each_file_once(warehouse_url: str) -> None:
     with Warehouse(warehouse_url) as warehouse:
-        assert warehouse.migrate(DDL_DIR) == ["001_results.sql", "002_rollups.sql"]
+        assert warehouse.migrate(DDL_DIR) == MIGRATIONS
         assert warehouse.migrate(DDL_DIR) == []
         _, tables = warehouse.query("SHOW TABLES FROM docstream")
         _, applied = warehouse.query("SELECT name FROM docstream.schema_migrations FINAL")
@@ -87,7 +89,7 @@ def test_migrating_twice_applies_each_file_once(warehouse_url: str) -> None:
         "rollups",
         "schema_migrations",
     }
-    assert sorted(applied) == [("001_results.sql",), ("002_rollups.sql",)]
+    assert sorted(applied) == [(name,) for name in MIGRATIONS]
 
 
 def test_a_changed_migration_is_refused(tmp_path: Path, warehouse_url: str) -> None:
@@ -207,7 +209,7 @@ def invoke(warehouse_url: str, *args: str) -> Result:
 def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) -> None:
     migrated = invoke(warehouse_url, "warehouse", "migrate", "--json")
     assert migrated.exit_code == 0, migrated.output
-    assert json.loads(migrated.stdout)["applied"] == ["001_results.sql", "002_rollups.sql"]
+    assert json.loads(migrated.stdout)["applied"] == MIGRATIONS
 
     refused = invoke(warehouse_url, "sql", "INSERT INTO docstream.dead_letters (key) VALUES ('x')")
     assert refused.exit_code == 2

@@ -82,6 +82,7 @@ def fill(warehouse: Warehouse) -> None:
         hour,
         "acme",
         "application/pdf",
+        0,  # source_partition
         3,
         4096,
         5,

@@ -45,7 +45,7 @@ def test_topic_names_are_unique(partitions: int, prefix: str) -> None:
 def test_declared_topics_are_the_events_plus_two_per_group() -> None:
     names = {spec.name for spec in declared_topics()}
     assert {DOC_UPLOADED, *RESULT_TOPICS} <= names
-    assert len(names) == 1 + len(RESULT_TOPICS) + 2 * len(GROUPS)
+    assert len(names) == 1 + len(RESULT_TOPICS) + 1 + 2 * len(GROUPS)  # + analytics.clock
 
 
 def test_every_group_reads_only_declared_topics() -> None:

@@ -262,8 +262,9 @@ def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns(
     rollup = Rollup(1_704_067_200_000, 60_000, "acme", "application/pdf", documents=2, bytes=300, pages=4)
     rollup.latency["ocr"].add(100)
     rollup.latency["ocr"].add(300)
-    record = json.loads(json.dumps(rollup.to_dict()))  # as it comes off analytics.rollups
+    record = json.loads(json.dumps({**rollup.to_dict(), "partition": 7}))  # as on analytics.rollups
     row = dict(zip(ROLLUP_COLUMNS, rollup_row(record), strict=True))
+    assert row["source_partition"] == 7
     assert (row["window_size_s"], row["window_start"]) == (60, datetime(2024, 1, 1, tzinfo=UTC))
     assert (row["tenant"], row["content_type"], row["documents"], row["bytes"], row["pages"]) == (
         "acme", "application/pdf", 2, 300, 4

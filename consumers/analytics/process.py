@@ -1,0 +1,90 @@
+"""The analytics worker as a child process, for `docstream demo` and `docstream up`.
+
+faust runs its own event loop and owns its process (it patches the event-loop policy and installs
+signal handlers), so the commands that run every group start it as `python -m consumers.analytics
+worker` beside the threads of the other groups, with the parent's environment plus the settings
+it runs on (`child_environment`), its output in `<home>/logs/analytics.log`, and stop it with
+SIGTERM (faust's graceful shutdown: it commits and leaves the group), then SIGKILL if it has not
+exited within `stop_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from docstream.errors import DocstreamError
+from docstream.settings import Settings
+
+
+class AnalyticsProcess:
+    """A running analytics worker; `check()` raises if it died."""
+
+    def __init__(self, child: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.child, self.log_path = child, log_path
+
+    def check(self) -> None:
+        code = self.child.poll()
+        if code is not None:
+            raise DocstreamError(
+                f"the analytics worker exited with status {code}; its log {self.log_path} ends:\n"
+                + self.log_tail()
+            )
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def child_environment(settings: Settings) -> dict[str, str]:
+    """The parent's environment, with the settings the analytics worker needs written over it (the
+    child reads its settings from the environment, and the parent's may have come from elsewhere)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
+            "DOCSTREAM_HOME": str(settings.home),
+            "DOCSTREAM_TOPIC_PARTITIONS": str(settings.topic_partitions),
+            "DOCSTREAM_GROUP_PREFIX": settings.group_prefix,
+            "DOCSTREAM_ANALYTICS__GRACE_MS": str(settings.analytics.grace_ms),
+        }
+    )
+    if settings.analytics.idle_ms is not None:
+        env["DOCSTREAM_ANALYTICS__IDLE_MS"] = str(settings.analytics.idle_ms)
+    if settings.schema_registry_url:
+        env["DOCSTREAM_SCHEMA_REGISTRY_URL"] = settings.schema_registry_url
+    return env
+
+
+@contextmanager
+def analytics_worker(settings: Settings, stop_timeout: float = 30.0) -> Iterator[AnalyticsProcess]:
+    """Run the analytics worker in a child process for the block; it never outlives the block."""
+    log_dir = settings.home / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "analytics.log"
+    argv = [sys.executable, "-m", "consumers.analytics", "worker", "--loglevel", "info"]
+    with log_path.open("ab") as log:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_environment(settings),
+        )
+    try:
+        yield AnalyticsProcess(child, log_path)
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=stop_timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=10)
