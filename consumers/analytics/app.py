@@ -53,13 +53,12 @@ Per closing event, in this order:
     3. delete the table entries of events whose windows are all closed;
     4. faust commits 1. and 3. with the offsets, in p's transaction, on its commit interval.
 
-Known gap (faust 0.15.3): a table write is queued in faust's producer buffer and sent by a
-background task, and the exactly_once commit does not drain that buffer first; a write still
-queued when its event's offset is committed lands in the next transaction, which a crash aborts.
-Seen once in about 25 SIGKILL runs of the test (a restarted worker recovering an empty
-changelog). Awaiting the changelog sends inside the agent, or flushing the producer there,
-stalls faust's transactions (tried; the restarted worker stopped committing), so the gap is
-documented in docs/notes-faust.md rather than patched.
+A faust 0.15.3 gap this module closes (`_send_buffered_writes_before_commit`): a table write
+is queued in faust's producer buffer and sent by a background task, and the exactly_once commit
+did not wait for that buffer; a write still queued when its event's offset was committed landed
+in the next transaction, which a crash aborts: a restarted worker recovered an empty changelog
+(1 SIGKILL run in 5 on a loaded machine). The commit now first waits until the buffer is empty
+and no send is in flight (docs/notes-faust.md).
 """
 
 from __future__ import annotations
@@ -238,6 +237,8 @@ def make_app(
     `datadir`: faust's working directory (default: `<tmp>/<app id>-data`, not the current one).
     """
     codec = codec or make_codec(None)
+    if processing_guarantee == "exactly_once":
+        _send_buffered_writes_before_commit()
     app = faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
@@ -337,7 +338,11 @@ def make_app(
                 del open_events[f"{p}/{done}"]
             if closed:
                 logger.info(
-                    "partition %d: %d windows closed at watermark %s", p, len(closed), state.watermark_ms
+                    "partition %d: %d windows closed at watermark %s (%s)",
+                    p,
+                    len(closed),
+                    state.watermark_ms,
+                    ", ".join(f"{rollup_key(r)}: {r.documents} docs, {r.pages} pages" for r in closed),
                 )
 
     if idle_ms is not None:
@@ -375,6 +380,48 @@ def make_app(
             )
 
     return app
+
+
+COMMIT_DRAIN_TIMEOUT_S = 30.0
+
+
+def _send_buffered_writes_before_commit() -> None:
+    """Make faust's exactly_once commit wait for the producer buffer (once per process).
+
+    faust's at-least-once commit flushes the producer first; its transactional commit
+    (`TransactionManager.commit`) does not, so buffered table writes could miss the transaction
+    of their events' offsets. Patched here: `ProducerBuffer._send_pending` counts the sends in
+    flight, and the commit waits until the buffer is empty and none is in flight (the sends only
+    append to the open transactions; they never wait for a commit, so this cannot deadlock; a
+    bound of COMMIT_DRAIN_TIMEOUT_S logs and commits anyway rather than hang).
+    """
+    from faust.transport.consumer import TransactionManager
+    from faust.transport.producer import ProducerBuffer
+
+    if getattr(TransactionManager.commit, "_docstream_drains", False):
+        return
+    send_pending, commit = ProducerBuffer._send_pending, TransactionManager.commit
+
+    async def counted_send_pending(self: Any, fut: Any) -> None:
+        self._docstream_in_flight = getattr(self, "_docstream_in_flight", 0) + 1
+        try:
+            await send_pending(self, fut)
+        finally:
+            self._docstream_in_flight -= 1
+
+    async def draining_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        buffer = self.app.producer.buffer
+        deadline = time.monotonic() + COMMIT_DRAIN_TIMEOUT_S
+        while buffer.size or getattr(buffer, "_docstream_in_flight", 0):
+            if time.monotonic() > deadline:
+                logger.warning("committing with %d table writes still buffered", buffer.size)
+                break
+            await asyncio.sleep(0.005)
+        return bool(await commit(self, offsets, start_new_transaction=start_new_transaction))
+
+    draining_commit._docstream_drains = True  # type: ignore[attr-defined]
+    ProducerBuffer._send_pending = counted_send_pending  # type: ignore[method-assign]
+    TransactionManager.commit = draining_commit  # type: ignore[method-assign]
 
 
 def _tick(value: bytes | None, where: str) -> int | None:

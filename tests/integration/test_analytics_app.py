@@ -144,9 +144,13 @@ def closed_minute_totals(conf: dict[str, Any], topic: str, want_documents: int, 
     finally:
         consumer.close()
     minutes = [r for r in latest.values() if r["window_size"] == size_ms]
+    LAST_READ[:] = [f"{r['key']}: {r['documents']} docs" for r in minutes]  # for a failure's message
     return {name: sum(r[name] for r in minutes) for name in ("documents", "bytes", "pages")} | {
         "window_starts": sorted({r["window_start"] for r in minutes})
     }
+
+
+LAST_READ: list[str] = []
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -212,7 +216,7 @@ def test_closed_minute_rollups_add_up_exactly_and_count_a_redelivery_once(
     with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
         close_windows(admin_conf, topics, log_path)
         totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
-    assert totals == EXPECTED, log_tail(log_path)
+    assert totals == EXPECTED, "\n".join(LAST_READ) + "\n" + log_tail(log_path, 80)
 
 
 def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_double_counts(
@@ -231,7 +235,7 @@ def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_doubl
     with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
         close_windows(admin_conf, topics, log_path)
         totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
-    assert totals == EXPECTED, log_tail(log_path)
+    assert totals == EXPECTED, "\n".join(LAST_READ) + "\n" + log_tail(log_path, 80)
 
 
 def test_an_idle_worker_closes_due_windows_by_the_wall_clock(
