@@ -112,6 +112,29 @@ class AnalyticsSettings(BaseModel):
     )
 
 
+class ScalingSettings(BaseModel):
+    """The scaling policy of every consumer group (consumers/scaling.py, docs/scaling.md).
+
+    `docstream lag` and the exporter turn it into a `ScalingConfig` (`consumers.lag.scaling_config`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    objective_s: float = Field(default=60.0, gt=0, description="the SLA: how far behind (s) a group may fall")
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=12, ge=1, description="also capped by the partitions of the topics")
+    target_utilisation: float = Field(default=0.8, gt=0, le=1)
+    burst_step: int = Field(default=2, ge=1, description="replicas added per evaluation past the objective")
+    up_window_s: float = Field(default=30.0, ge=0)
+    down_window_s: float = Field(default=600.0, ge=0)
+    quiet_period_s: float = Field(default=300.0, ge=0)
+    max_scale_in: int = Field(default=2, ge=1)
+    service_rate_per_replica: float | None = Field(
+        default=None, gt=0, description="events/s one busy replica settles (a benchmark); unset: measured"
+    )
+    saturation_backlog_s: float = Field(default=5.0, ge=0)
+
+
 class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
@@ -163,6 +186,7 @@ class Settings(BaseSettings):
     ocr: OcrSettings = OcrSettings()
     warehouse: WarehouseSettings = WarehouseSettings()
     analytics: AnalyticsSettings = AnalyticsSettings()
+    scaling: ScalingSettings = ScalingSettings()
 
     @property
     def blob_root(self) -> str:

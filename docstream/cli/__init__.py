@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import broker, publish, run, schemas, topics, warehouse
+from docstream.cli import broker, lag, publish, run, schemas, topics, warehouse
 
 app = typer.Typer(
     name="docstream",
@@ -18,6 +18,7 @@ app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility ch
 app.command(name="publish")(publish.publish)
 run.register(app)
 warehouse.register(app)
+lag.register(app)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ BENCHMARKS = [
     "tests.bench.embeddings_bench",
     "tests.bench.embeddings_pipeline_bench",
     "tests.bench.ocr_pipeline_bench",
+    "tests.bench.lag_bench",
 ]
 TARGET_RATIO = 0.85
 MAIN_KEYS = ("name", "raw_eps", "ours_eps", "ratio")

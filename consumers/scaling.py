@@ -1,0 +1,660 @@
+"""Scaling policy: desired replicas of a consumer group from lag, arrivals and backlog (issue 4).
+
+A pure, deterministic state machine: `decide(config, state, observation)` returns a `Decision`
+and the next `PolicyState`; nothing here reads a clock, Kafka or Kubernetes. `ScalingPolicy`
+wraps the state for a caller that evaluates in a loop. docs/scaling.md has the formulas, a worked
+example and the reasoning behind them.
+
+Per evaluation, with μ the service rate of one replica (events/s):
+
+- lag (Little's law): a replica can hold `μ * objective_s` events of lag and still meet the
+  objective, so `by_lag = ceil(lag / (μ * objective_s))`;
+- arrival (leading indicator): `by_arrival = ceil(arrival_rate / (μ * target_utilisation))`;
+- burst: when `backlog_s > objective_s` the objective is already broken: `current + burst_step`.
+
+The recommendation is the largest of these, clamped to `[min(min_replicas, cap), cap]` with
+`cap = min(max_replicas, partitions[, active_keys])`: a partition is consumed by one member of the
+group, so replicas beyond the partition count sit idle. Key-ordered concurrency (the runtime's
+lanes) raises μ, not the cap. Then stabilisation in the manner of the Kubernetes HPA (scale up to
+the lowest recommendation of the last `up_window_s`, down to the highest of the last
+`down_window_s`) and hysteresis for scale-in (only after the recommendation stayed below the
+current count for `quiet_period_s`, at most `max_scale_in` replicas per quiet period).
+
+The second half mirrors what a Kubernetes HPA does with an External metric (`hpa_desired_replicas`,
+`hpa_replicas`), what KEDA's Kafka scaler feeds it (`keda_metric_total`), where the two together
+stop short of the partition count (`keda_stall_replicas`), and the metric we export instead
+(`hpa_signal`), which lands an HPA on our decision wherever an HPA can land there at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Literal
+
+_REL_EPS = 1e-9  # float noise forgiven by `_ceil`: 3.0000000000000004 is 3, not 4
+_MAX_INT32 = 2**31 - 1
+
+
+def _ceil(x: float) -> int:
+    """ceil(x), except that a value within float noise of an integer is that integer.
+
+    Capped at MaxInt32 (a replica count; a tiny measured rate can make the quotient infinite).
+    """
+    if not x < _MAX_INT32:
+        return _MAX_INT32
+    nearest = round(x)
+    if abs(x - nearest) <= _REL_EPS * max(1.0, abs(x)):
+        return int(nearest)
+    return math.ceil(x)
+
+
+def _replicas_for(amount: float, per_replica: float) -> int:
+    """ceil(amount / per_replica): replicas needed when each one takes `per_replica` of it."""
+    if amount <= 0:
+        return 0
+    if not per_replica > 0:  # a measured rate so small that the product underflows
+        return _MAX_INT32
+    return _ceil(amount / per_replica)
+
+
+# --------------------------------------------------------------------------------------------
+# The policy
+# --------------------------------------------------------------------------------------------
+
+
+class Rule(StrEnum):
+    """What set a decision's desired replica count."""
+
+    LAG = "lag"  # lag against the per-replica Little's-law target
+    ARRIVAL = "arrival"  # arrival rate against per-replica service rate (with headroom)
+    BURST = "burst"  # backlog seconds above the objective: step up
+    MIN = "min"  # raised to the lower bound
+    CAP = "cap"  # cut to min(max_replicas, partitions[, active keys])
+    STABILISE_UP = "stabilise_up"  # scale-up held to the lowest recent recommendation
+    STABILISE_DOWN = "stabilise_down"  # scale-down held to the highest recent recommendation
+    QUIET = "quiet"  # scale-in waits: not low for the whole quiet period yet
+    STEP = "step"  # scale-in limited to max_scale_in replicas per quiet period
+    HOLD = "hold"  # recommendation equals the current count
+    NO_RATE = "no_rate"  # no service rate known and no burst: nothing to compute from
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """The policy's settings (seconds, events/s, replica counts)."""
+
+    objective_s: float  # the SLA: how far behind (in seconds) the group may be
+    min_replicas: int = 1
+    max_replicas: int = 10
+    target_utilisation: float = 0.8  # by_arrival aims at λ/(n·μ) = 0.8, i.e. 25 % headroom
+    burst_step: int = 2  # replicas added per evaluation while backlog_s > objective_s
+    up_window_s: float = 30.0  # scale up to the min recommendation over this window (0: at once)
+    down_window_s: float = 600.0  # scale down to the max recommendation over this window
+    quiet_period_s: float = 300.0  # scale in only after the recommendation stayed low this long
+    max_scale_in: int = 2  # K: replicas removed per quiet period at most
+    service_rate_per_replica: float | None = None  # events/s of one replica (benchmark), fallback
+    saturation_backlog_s: float = 5.0  # backlog at which workers count as busy (μ measurable)
+
+    def __post_init__(self) -> None:
+        if not (self.objective_s > 0 and math.isfinite(self.objective_s)):
+            raise ValueError(f"objective_s must be positive, got {self.objective_s}")
+        if self.min_replicas < 0 or self.max_replicas < 1 or self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"need 0 <= min_replicas <= max_replicas, 1 <= max_replicas, got "
+                f"{self.min_replicas}..{self.max_replicas}"
+            )
+        if not 0 < self.target_utilisation <= 1:
+            raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
+        if self.burst_step < 1 or self.max_scale_in < 1:
+            raise ValueError("burst_step and max_scale_in must be at least 1")
+        if min(self.up_window_s, self.down_window_s, self.quiet_period_s, self.saturation_backlog_s) < 0:
+            raise ValueError("windows, quiet period and saturation backlog must not be negative")
+        if self.service_rate_per_replica is not None and not self.service_rate_per_replica > 0:
+            raise ValueError("service_rate_per_replica must be positive when set")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One evaluation's inputs, measured by the caller (consumers.lag and the workers' metrics)."""
+
+    now_ms: int
+    current_replicas: int  # members that consume (ready replicas)
+    lag_events: int  # offset lag of the group over its topics
+    arrival_rate: float  # events/s produced to the topics
+    completion_rate: float  # events/s the group settles (all replicas together)
+    backlog_s: float  # time lag: how far behind the group is, in seconds
+    partitions: int  # partitions of the consumed topics (the replica cap)
+    service_rate_per_replica: float | None = None  # μ reported by the workers, if they know it
+    active_keys: int | None = None  # distinct keys with pending events, if known (tighter cap)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "now_ms": self.now_ms,
+            "current_replicas": self.current_replicas,
+            "lag_events": self.lag_events,
+            "arrival_rate": self.arrival_rate,
+            "completion_rate": self.completion_rate,
+            "backlog_s": self.backlog_s,
+            "partitions": self.partitions,
+            "service_rate_per_replica": self.service_rate_per_replica,
+            "active_keys": self.active_keys,
+        }
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy remembers between evaluations (immutable: `decide` returns a new one)."""
+
+    recommendations: tuple[tuple[int, int], ...] = ()  # (now_ms, clamped recommendation)
+    low_since_ms: int | None = None  # since when the recommendation stayed below current
+    last_scale_in_ms: int | None = None
+    learned_service_rate: float | None = None  # μ last measured while the workers were busy
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one evaluation, with its inputs and reason (log it as is)."""
+
+    desired_replicas: int
+    current_replicas: int
+    rule: Rule
+    recommendation: int  # clamped recommendation before stabilisation and hysteresis
+    by_lag: int | None
+    by_arrival: int | None
+    by_burst: int | None
+    service_rate: float | None  # μ used (events/s per replica)
+    service_rate_source: str  # reported / busy completions / learned / configured / none
+    lower: int
+    cap: int
+    observation: Observation
+    reason: str
+
+    @property
+    def direction(self) -> int:
+        """+1 scale out, -1 scale in, 0 no change."""
+        return (self.desired_replicas > self.current_replicas) - (
+            self.desired_replicas < self.current_replicas
+        )
+
+    def log_fields(self) -> dict[str, Any]:
+        return {
+            "desired_replicas": self.desired_replicas,
+            "current_replicas": self.current_replicas,
+            "rule": self.rule.value,
+            "recommendation": self.recommendation,
+            "by_lag": self.by_lag,
+            "by_arrival": self.by_arrival,
+            "by_burst": self.by_burst,
+            "service_rate": self.service_rate,
+            "service_rate_source": self.service_rate_source,
+            "lower": self.lower,
+            "cap": self.cap,
+            "reason": self.reason,
+            **self.observation.fields(),
+        }
+
+
+def replica_bounds(config: ScalingConfig, partitions: int, active_keys: int | None = None) -> tuple[int, int]:
+    """(lower, cap): cap = min(max_replicas, partitions[, active_keys]); lower = min(min_replicas, cap).
+
+    A partition is read by one member of the group at a time, so replicas beyond the partition
+    count get no partition. Known active keys tighten the cap further (a key lives in one
+    partition, so at most that many partitions have work); they never push it below 1.
+    """
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    cap = min(config.max_replicas, partitions)
+    if active_keys is not None:
+        cap = min(cap, max(1, active_keys))
+    return min(config.min_replicas, cap), cap
+
+
+def _service_rate(
+    config: ScalingConfig, state: PolicyState, obs: Observation
+) -> tuple[float | None, str, bool]:
+    """(μ, where it came from, whether it is a fresh busy measurement to remember)."""
+    if obs.service_rate_per_replica is not None and obs.service_rate_per_replica > 0:
+        return obs.service_rate_per_replica, "reported", False
+    busy = obs.backlog_s >= config.saturation_backlog_s and obs.lag_events > 0
+    if busy and obs.current_replicas > 0 and obs.completion_rate > 0:
+        # Only while a backlog keeps every replica busy do completions measure capacity; an idle
+        # group completes what arrives, and completion/replicas would then feed on itself.
+        return obs.completion_rate / obs.current_replicas, "busy completions", True
+    if state.learned_service_rate is not None:
+        return state.learned_service_rate, "learned", False
+    if config.service_rate_per_replica is not None:
+        return config.service_rate_per_replica, "configured", False
+    return None, "none", False
+
+
+def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple[Decision, PolicyState]:
+    """One evaluation: the decision and the next state. Pure: same inputs, same outputs."""
+    if obs.current_replicas < 0 or obs.lag_events < 0:
+        raise ValueError("current_replicas and lag_events must not be negative")
+    rates = (obs.arrival_rate, obs.completion_rate, obs.backlog_s, obs.service_rate_per_replica or 0.0)
+    if not all(math.isfinite(v) and v >= 0 for v in rates):
+        raise ValueError("rates and backlog_s must be finite and not negative")
+    now = obs.now_ms
+    current = obs.current_replicas
+    lower, cap = replica_bounds(config, obs.partitions, obs.active_keys)
+    mu, mu_source, learned = _service_rate(config, state, obs)
+
+    # 1. The three rules.
+    by_lag = by_arrival = by_burst = None
+    if mu is not None:
+        by_lag = _replicas_for(obs.lag_events, mu * config.objective_s)
+        by_arrival = _replicas_for(obs.arrival_rate, mu * config.target_utilisation)
+    bursting = obs.backlog_s > config.objective_s
+    if bursting:
+        by_burst = current + config.burst_step
+    candidates = [
+        (v, r)
+        for v, r in ((by_burst, Rule.BURST), (by_lag, Rule.LAG), (by_arrival, Rule.ARRIVAL))
+        if v is not None
+    ]
+    if candidates:
+        raw, driver = max(candidates, key=lambda c: c[0])  # ties: burst, then lag, then arrival
+    else:
+        raw, driver = current, Rule.NO_RATE
+
+    # 2. Clamp.
+    rec = min(max(raw, lower), cap)
+    if raw < lower:
+        driver = Rule.MIN
+    elif raw > cap:
+        driver = Rule.CAP
+
+    # 3. Stabilisation over recent recommendations (the HPA's behavior windows).
+    # A first evaluation counts the current replicas as a recommendation made now, as the HPA
+    # does (recordInitialRecommendation): no scale-in or windowed scale-up on first sight.
+    past = state.recommendations or ((now, current),)
+    up_cut = now - config.up_window_s * 1000
+    down_cut = now - config.down_window_s * 1000
+    up_limit = min([r for t, r in past if t > up_cut] + [rec])
+    down_limit = max([r for t, r in past if t > down_cut] + [rec])
+    if bursting:
+        up_limit = rec  # the objective is already broken: no waiting to scale up
+    low = rec < current
+    low_since = (state.low_since_ms if state.low_since_ms is not None else now) if low else None
+    last_in = state.last_scale_in_ms
+
+    # 4. Desired count and the rule that set it.
+    stab = current
+    if stab < up_limit:
+        stab = up_limit
+    if stab > down_limit:
+        stab = down_limit
+    if current > cap:
+        desired, rule = cap, Rule.CAP  # replicas that get no partition go at once
+    elif current < lower:
+        desired = max(lower, stab)  # below the lower bound: at once, like the HPA
+        rule = Rule.MIN if desired == lower else (driver if desired == rec else Rule.STABILISE_UP)
+    elif stab > current:
+        desired, rule = stab, (driver if stab == rec else Rule.STABILISE_UP)
+    elif stab == current:
+        desired = current
+        if rec > current:
+            rule = Rule.STABILISE_UP
+        elif rec < current:
+            rule = Rule.STABILISE_DOWN
+        else:
+            rule = Rule.NO_RATE if driver is Rule.NO_RATE else Rule.HOLD
+    else:
+        quiet_ms = config.quiet_period_s * 1000
+        waited = low_since is not None and now - low_since >= quiet_ms
+        spaced = last_in is None or now - last_in >= quiet_ms
+        if not (waited and spaced):
+            desired, rule = current, Rule.QUIET
+        else:
+            desired = max(stab, current - config.max_scale_in)
+            if desired > stab:
+                rule = Rule.STEP
+            elif stab > rec:
+                rule = Rule.STABILISE_DOWN
+            else:
+                rule = driver
+    desired = min(max(desired, lower), cap)
+
+    if desired < current:
+        last_in = now
+        low_since = None  # capacity drops: the next scale-in needs a whole new quiet period
+    keep_ms = max(config.up_window_s, config.down_window_s) * 1000
+    history = (*((t, r) for t, r in past if t > now - keep_ms), (now, rec))
+    next_state = PolicyState(
+        recommendations=history,
+        low_since_ms=low_since,
+        last_scale_in_ms=last_in,
+        learned_service_rate=mu if learned else state.learned_service_rate,
+    )
+    decision = Decision(
+        desired_replicas=desired,
+        current_replicas=current,
+        rule=rule,
+        recommendation=rec,
+        by_lag=by_lag,
+        by_arrival=by_arrival,
+        by_burst=by_burst,
+        service_rate=mu,
+        service_rate_source=mu_source,
+        lower=lower,
+        cap=cap,
+        observation=obs,
+        reason="",
+    )
+    return replace(decision, reason=_reason(config, decision, up_limit, down_limit, low_since)), next_state
+
+
+def _reason(config: ScalingConfig, d: Decision, up_limit: int, down_limit: int, low_since: int | None) -> str:
+    obs = d.observation
+    head = (
+        f"scale {d.current_replicas} -> {d.desired_replicas}" if d.direction else f"hold {d.current_replicas}"
+    )
+    parts: list[str] = []
+    if d.service_rate is not None:
+        per_replica = d.service_rate * config.objective_s
+        parts.append(
+            f"lag {obs.lag_events} events / ({d.service_rate:.3g}/s x {config.objective_s:g} s "
+            f"= {per_replica:.4g} per replica) needs {d.by_lag}"
+        )
+        parts.append(
+            f"arrivals {obs.arrival_rate:.4g}/s / ({d.service_rate:.3g}/s x "
+            f"{config.target_utilisation:g}) needs {d.by_arrival}"
+        )
+    else:
+        parts.append("no service rate known (not busy, none reported or configured)")
+    if d.by_burst is not None:
+        parts.append(
+            f"backlog {obs.backlog_s:.4g} s > objective {config.objective_s:g} s: burst to {d.by_burst}"
+        )
+    else:
+        parts.append(f"backlog {obs.backlog_s:.4g} s within objective {config.objective_s:g} s")
+    bounds = f"bounds [{d.lower}, {d.cap}] (max {config.max_replicas}, partitions {obs.partitions}"
+    bounds += f", active keys {obs.active_keys})" if obs.active_keys is not None else ")"
+    parts.append(bounds)
+    why = {
+        Rule.LAG: "lag rule",
+        Rule.ARRIVAL: "arrival rule",
+        Rule.BURST: "burst rule",
+        Rule.MIN: f"raised to the lower bound {d.lower}",
+        Rule.CAP: f"cut to the cap {d.cap}",
+        Rule.STABILISE_UP: f"scale-up held to the lowest recommendation of the last "
+        f"{config.up_window_s:g} s ({up_limit})",
+        Rule.STABILISE_DOWN: f"scale-down held to the highest recommendation of the last "
+        f"{config.down_window_s:g} s ({down_limit})",
+        Rule.QUIET: (
+            f"scale-in waits for {config.quiet_period_s:g} s of low recommendations "
+            f"and {config.quiet_period_s:g} s since the last scale-in"
+            + (f" (low since {low_since} ms)" if low_since is not None else "")
+        ),
+        Rule.STEP: f"scale-in limited to {config.max_scale_in} per {config.quiet_period_s:g} s",
+        Rule.HOLD: "recommendation equals current",
+        Rule.NO_RATE: "nothing to compute from",
+    }[d.rule]
+    source = f"service rate from {d.service_rate_source}"
+    return f"{head} ({d.rule.value}: {why}; recommendation {d.recommendation}, {source}): " + "; ".join(parts)
+
+
+@dataclass
+class ScalingPolicy:
+    """`decide` with the state kept for the caller: `policy.evaluate(observation) -> Decision`."""
+
+    config: ScalingConfig
+    state: PolicyState = field(default_factory=PolicyState)
+
+    def evaluate(self, obs: Observation) -> Decision:
+        decision, self.state = decide(self.config, self.state, obs)
+        return decision
+
+
+# --------------------------------------------------------------------------------------------
+# What a Kubernetes HPA does with an External metric (pkg/controller/podautoscaler)
+# --------------------------------------------------------------------------------------------
+
+
+def _milli(value: float) -> int:
+    """resource.Quantity.MilliValue(): the value in thousandths, rounded up."""
+    if not math.isfinite(value):
+        raise ValueError(f"metric values must be finite, got {value}")
+    return math.ceil(Decimal(repr(value)) * 1000)
+
+
+def hpa_desired_replicas(
+    current_replicas: int,
+    metric_total: float,
+    target_average: float,
+    tolerance: float = 0.1,
+    *,
+    scale_up_tolerance: float | None = None,
+    scale_down_tolerance: float | None = None,
+) -> int:
+    """The replica count an HPA proposes for an External metric with an AverageValue target.
+
+    Mirrors ReplicaCalculator.GetExternalPerPodMetricReplicas (replica_calculator.go): values
+    in milli-units (Quantity.MilliValue), `usageRatio = usage / (target * statusReplicas)`; inside
+    the tolerance band `[1 - down, 1 + up]` (Tolerances.isWithin) the current count stays, otherwise
+    `ceil(usage / target)`, capped at MaxInt32. With current_replicas = 0 the ratio is +Inf (or NaN
+    for 0/0), never within the band: the answer is `ceil(usage / target)` (0 for no usage). The
+    controller itself does not call this when the target sits at 0 replicas and minReplicas > 0
+    (ScalingDisabled, see `hpa_replicas`). `tolerance` is the cluster-wide
+    --horizontal-pod-autoscaler-tolerance (0.1); the per-direction overrides are the HPA's
+    behavior.scaleUp/scaleDown.tolerance (HPAConfigurableTolerance, Kubernetes 1.33+).
+    """
+    if current_replicas < 0:
+        raise ValueError(f"current_replicas must not be negative, got {current_replicas}")
+    target = _milli(target_average)
+    if target <= 0:
+        raise ValueError(f"target_average must be positive, got {target_average}")
+    usage = _milli(metric_total)
+    up = tolerance if scale_up_tolerance is None else scale_up_tolerance
+    down = tolerance if scale_down_tolerance is None else scale_down_tolerance
+    if current_replicas > 0:
+        ratio = float(usage) / (float(target) * float(current_replicas))
+        if (1.0 - down) <= ratio <= (1.0 + up):
+            return current_replicas
+    wanted = math.ceil(float(usage) / float(target))
+    return min(wanted, _MAX_INT32)
+
+
+ScaleUpLimit = Literal["behavior", "legacy", "none"]
+
+
+def hpa_replicas(
+    current_replicas: int,
+    metric_total: float,
+    target_average: float,
+    *,
+    min_replicas: int = 1,
+    max_replicas: int,
+    tolerance: float = 0.1,
+    scale_up_tolerance: float | None = None,
+    scale_down_tolerance: float | None = None,
+    scale_up_limit: ScaleUpLimit = "behavior",
+    status_replicas: int | None = None,
+) -> int:
+    """The replica count one HPA evaluation sets, with this as its only metric.
+
+    Mirrors HorizontalController.reconcileAutoscaler (horizontal.go): a target at 0 replicas
+    with minReplicas > 0 is left alone (ScalingDisabled); a count above max or below min goes to
+    that bound; otherwise the metric's proposal (computed on `status_replicas`, the pods that
+    exist, by default `current_replicas`, the scale's spec), limited and clamped to [min, max].
+    `scale_up_limit`: "behavior" is the defaulted behavior of an HPA that sets any `behavior`
+    (100 % or 4 pods per 15 s, the larger: at most max(2c, c + 4)), "legacy" an HPA without
+    `behavior` (convertDesiredReplicasWithRules: max(2c, 4)), "none" no limit. Assumes no scale
+    events in the last 15 s and stabilisation windows of 0 (otherwise the HPA's own windows
+    hold the answer between the current count and this one).
+    """
+    if current_replicas == 0 and min_replicas != 0:
+        return 0
+    if current_replicas > max_replicas:
+        return max_replicas
+    if current_replicas < min_replicas:
+        return min_replicas
+    proposal = hpa_desired_replicas(
+        current_replicas if status_replicas is None else status_replicas,
+        metric_total,
+        target_average,
+        tolerance,
+        scale_up_tolerance=scale_up_tolerance,
+        scale_down_tolerance=scale_down_tolerance,
+    )
+    upper = max_replicas
+    if proposal > current_replicas and scale_up_limit != "none":
+        floor = current_replicas + 4 if scale_up_limit == "behavior" else 4
+        upper = min(upper, max(2 * current_replicas, floor))
+    return max(min_replicas, min(proposal, upper))
+
+
+# --------------------------------------------------------------------------------------------
+# KEDA's Kafka scaler, its trap, and our metric
+# --------------------------------------------------------------------------------------------
+
+
+def _go_div(a: int, b: int) -> int:
+    """Go's integer division (truncates towards zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _factors(n: int) -> list[int]:
+    """KEDA's FindFactors: the divisors of n, ascending."""
+    if n < 1:
+        return []
+    out: set[int] = set()
+    for i in range(1, math.isqrt(n) + 1):
+        if n % i == 0:
+            out.update((i, n // i))
+    return sorted(out)
+
+
+def keda_metric_total(
+    partition_lags: Sequence[int],
+    lag_threshold: int = 10,
+    *,
+    allow_idle_consumers: bool = False,
+    limit_to_partitions_with_lag: bool = False,
+    ensure_even_distribution_of_partitions: bool = False,
+) -> int:
+    """The External metric value KEDA's Kafka scaler reports (kafkaScaler.getTotalLag).
+
+    `partition_lags`: one lag per partition of the trigger's topics (after KEDA's handling of
+    uncommitted partitions). The HPA gets this total with an AverageValue target of
+    `lag_threshold`. Unless idle consumers are allowed, the total is capped: when
+    `totalLag / lagThreshold` (Go integer division) exceeds the upper bound (the partition count,
+    or the partitions with lag), it becomes `upperBound * lagThreshold`; with even distribution
+    it first becomes the smallest divisor f of the partition count with f * threshold >= lag.
+    """
+    if lag_threshold <= 0:
+        raise ValueError("lagThreshold must be positive")
+    if allow_idle_consumers and limit_to_partitions_with_lag:
+        raise ValueError("allowIdleConsumers and limitToPartitionsWithLag cannot be set simultaneously")
+    if limit_to_partitions_with_lag and ensure_even_distribution_of_partitions:
+        raise ValueError(
+            "limitToPartitionsWithLag and ensureEvenDistributionOfPartitions cannot be set simultaneously"
+        )
+    total = sum(partition_lags)
+    partitions = len(partition_lags)
+    with_lag = sum(1 for lag in partition_lags if lag > 0)
+    if not allow_idle_consumers or limit_to_partitions_with_lag or ensure_even_distribution_of_partitions:
+        upper = partitions
+        if ensure_even_distribution_of_partitions:
+            factor = next((f for f in _factors(partitions) if f * lag_threshold >= total), partitions)
+            total = factor * lag_threshold
+        if limit_to_partitions_with_lag:
+            upper = with_lag
+        if _go_div(total, lag_threshold) > upper:
+            total = upper * lag_threshold
+    return total
+
+
+def keda_stall_replicas(partitions: int, lag_threshold: int = 10, tolerance: float = 0.1) -> list[int]:
+    """Replica counts below the partition count at which KEDA's capped metric stops the HPA.
+
+    With a large backlog the metric is `partitions * lag_threshold`, and the HPA sees
+    `usageRatio = partitions / current`: within the tolerance whenever `current >=
+    partitions / (1 + tolerance)`. From there it never adds the missing replicas, however far
+    behind the group is. Empty for fewer than 11 partitions at the default tolerance.
+    """
+    total = partitions * lag_threshold
+    return [c for c in range(1, partitions) if hpa_desired_replicas(c, total, lag_threshold, tolerance) == c]
+
+
+def hpa_signal(
+    desired: int,
+    current: int,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    target_average: float = 1.0,
+    tolerance: float = 0.1,
+    scale_up_tolerance: float | None = None,
+    scale_down_tolerance: float | None = None,
+    scale_up_limit: ScaleUpLimit = "behavior",
+) -> float:
+    """The metric total to export so that an HPA (AverageValue `target_average`) sets `desired`.
+
+    Candidates, the first the HPA maps to `desired` wins (checked against `hpa_replicas`):
+    `desired * target` (exact whenever |desired/current - 1| exceeds the tolerance, and a hold
+    when desired == current); just above `(desired - 1) * target` (a scale-in inside the
+    tolerance band: ceil still gives `desired`, the ratio drops below 1 - tolerance); far above
+    `max * target` when desired is the HPA's max (the clamp lands on it: this is what gets us to
+    the partition count where KEDA stalls); 0 when desired is the HPA's min. When none works
+    (a step inside the tolerance band that is not a bound) it returns `desired * target` and the
+    HPA keeps `current`. For every candidate an HPA that sees another current count c' still
+    answers `desired` or c', never a third value (unless its scale-up rate limit binds).
+    """
+    t = _milli(target_average)
+    if t <= 0:
+        raise ValueError(f"target_average must be positive, got {target_average}")
+    up = tolerance if scale_up_tolerance is None else scale_up_tolerance
+    above = max(desired, current, 1) * (2 + math.ceil(up)) + 1
+    candidates = [desired * t, (desired - 1) * t + max(1, t // 100)]
+    if desired == max_replicas:
+        candidates.append(above * t)
+    if desired == min_replicas:
+        candidates.append(0)
+    for milli in candidates:
+        if milli < 0:
+            continue
+        value = milli / 1000
+        got = hpa_replicas(
+            current,
+            value,
+            target_average,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            tolerance=tolerance,
+            scale_up_tolerance=scale_up_tolerance,
+            scale_down_tolerance=scale_down_tolerance,
+            scale_up_limit=scale_up_limit,
+        )
+        if got == desired:
+            return value
+    return desired * t / 1000
+
+
+def hpa_reachable(
+    desired: int,
+    current: int,
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    target_average: float = 1.0,
+    tolerance: float = 0.1,
+    scale_up_tolerance: float | None = None,
+    scale_down_tolerance: float | None = None,
+    scale_up_limit: ScaleUpLimit = "behavior",
+) -> bool:
+    """Whether one HPA evaluation can go from `current` to `desired` (via `hpa_signal`)."""
+    kwargs: dict[str, Any] = {
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "tolerance": tolerance,
+        "scale_up_tolerance": scale_up_tolerance,
+        "scale_down_tolerance": scale_down_tolerance,
+        "scale_up_limit": scale_up_limit,
+    }
+    value = hpa_signal(desired, current, target_average=target_average, **kwargs)
+    return hpa_replicas(current, value, target_average, **kwargs) == desired
