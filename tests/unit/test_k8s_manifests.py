@@ -1,0 +1,449 @@
+"""The Kubernetes manifests (infra/k8s/): structure, consistency with the code, metric names.
+
+No cluster: the YAML is parsed and checked against what the code declares (the groups, the
+settings, the exporter's metric families). `kubectl kustomize` builds the overlays when kubectl
+is on the PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mode import Service
+from pydantic import AliasChoices, BaseModel
+
+from consumers.exporter import METRIC_NAMES
+from consumers.groups import WORKER_GROUPS
+from docstream.settings import RuntimeSettings, ScalingSettings, Settings
+from docstream.topology import GROUPS, group_id
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "infra" / "k8s"
+DASHBOARD = K8S / "monitoring" / "docstream-dashboard.json"
+DOCS = ROOT / "docs" / "kubernetes.md"
+NAMESPACE = "docstream"
+SIGNAL = "docstream_consumer_group_hpa_signal"
+KAFKA_TRIGGER_EXAMPLE = K8S / "keda" / "kafka-trigger.example.yaml"  # documents the alternative
+ADAPTER_VALUES = K8S / "hpa" / "prometheus-adapter-values.yaml"  # Helm values, not an object
+NOT_APPLIED = {KAFKA_TRIGGER_EXAMPLE, ADAPTER_VALUES}
+KUSTOMIZATIONS = ("base", "monitoring", "keda", "hpa", "gpu")
+OVERLAYS = ("keda", "hpa")
+
+GROUP_NAMES = [g.name for g in GROUPS]
+COMMANDS = {
+    **{name: ["docstream", "worker", name] for name in WORKER_GROUPS},
+    "analytics": ["python", "-m", "consumers.analytics", "worker", "-l", "info"],
+    "warehouse": ["docstream", "warehouse", "sink"],
+}
+# What a pod's shutdown may take before the kubelet's SIGKILL (the derivation is in the manifests):
+# the runtime's drain, or the faust services' stop timeout in mode.
+SHUTDOWN_S = {
+    **{name: RuntimeSettings().shutdown_timeout_s for name in (*WORKER_GROUPS, "warehouse")},
+    "analytics": Service.shutdown_timeout,
+}
+BEHAVIOR = {
+    "scaleUp": {
+        "stabilizationWindowSeconds": 30,
+        "selectPolicy": "Max",
+        "policies": [
+            {"type": "Percent", "value": 100, "periodSeconds": 15},
+            {"type": "Pods", "value": 4, "periodSeconds": 15},
+        ],
+    },
+    "scaleDown": {
+        "stabilizationWindowSeconds": 600,
+        "selectPolicy": "Max",
+        "policies": [{"type": "Pods", "value": 2, "periodSeconds": 120}],
+    },
+}
+METRIC_NAME = re.compile(r"\bdocstream_[a-z0-9_]*[a-z0-9]\b")
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*") if p.suffix in {".yaml", ".yml"})
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
+
+
+def objects(*dirs: str) -> list[dict[str, Any]]:
+    """The Kubernetes objects of the YAML files directly in `dirs` (kustomizations and the files
+    that are not applied left out)."""
+    out = []
+    for d in dirs:
+        for path in sorted((K8S / d).glob("*.yaml")):
+            if path.name != "kustomization.yaml" and path not in NOT_APPLIED:
+                out.extend(load_docs(path))
+    return out
+
+
+def by_kind(kind: str, *dirs: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects(*dirs) if o["kind"] == kind}
+
+
+def deployment(name: str) -> dict[str, Any]:
+    return by_kind("Deployment", "base")[f"docstream-{name}"]
+
+
+def container(deploy: dict[str, Any]) -> dict[str, Any]:
+    containers = deploy["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, deploy["metadata"]["name"]
+    result: dict[str, Any] = containers[0]
+    return result
+
+
+def env_values(deploy: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container(deploy).get("env", [])}
+
+
+def configmap() -> dict[str, str]:
+    data: dict[str, str] = by_kind("ConfigMap", "base")["docstream-config"]["data"]
+    return data
+
+
+def partitions() -> int:
+    return int(configmap()["DOCSTREAM_TOPIC_PARTITIONS"])
+
+
+def policy_bounds() -> tuple[int, int]:
+    env = env_values(deployment("exporter"))
+    return int(env["DOCSTREAM_SCALING__MIN_REPLICAS"]), int(env["DOCSTREAM_SCALING__MAX_REPLICAS"])
+
+
+def dashboard() -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return result
+
+
+def panels(d: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in d["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in panels(dashboard()) for t in p.get("targets", [])]
+
+
+def settings_field_exists(env_name: str) -> bool:
+    """Whether an environment variable names a field of `Settings` (prefix DOCSTREAM_, `__` nesting,
+    or a field's alias such as KAFKA_BOOTSTRAP_SERVERS)."""
+    for field in Settings.model_fields.values():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and env_name in alias.choices:
+            return True
+    if not env_name.startswith("DOCSTREAM_"):
+        return False
+    model: type[BaseModel] = Settings
+    parts = env_name.removeprefix("DOCSTREAM_").lower().split("__")
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        annotation = field.annotation
+        if i < len(parts) - 1:
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                return False
+            model = annotation
+    return True
+
+
+# -- every file ------------------------------------------------------------------------------------
+
+
+def test_every_yaml_file_parses_and_every_object_is_named_and_namespaced() -> None:
+    files = yaml_files()
+    assert len(files) > 10
+    for path in files:
+        docs = load_docs(path)
+        assert docs, path
+        if path.name == "kustomization.yaml" or path == ADAPTER_VALUES:
+            continue
+        for doc in docs:
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), path
+            assert doc["metadata"].get("name"), path
+            expected = None if doc["kind"] == "Namespace" else NAMESPACE
+            assert doc["metadata"].get("namespace") == expected, (path, doc["metadata"]["name"])
+
+
+def test_every_docstream_setting_in_the_manifests_exists() -> None:
+    """A misspelt DOCSTREAM_* variable would be ignored silently (extra="ignore")."""
+    names = set(configmap())
+    for obj in objects("base", "gpu"):
+        spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []):
+            names |= {e["name"] for e in c.get("env", [])}
+    assert names
+    for name in sorted(names):
+        assert settings_field_exists(name), name
+
+
+# -- the Deployments -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_each_group_has_a_deployment_running_its_command(name: str) -> None:
+    deploy = deployment(name)
+    c = container(deploy)
+    assert c["command"] == COMMANDS[name]
+    assert c["image"] == "docstream"
+    assert {"configMapRef": {"name": "docstream-config"}} in c["envFrom"]
+    assert "replicas" not in deploy["spec"], "the autoscaler owns the count; apply would reset it"
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_each_group_waits_for_the_declared_topics(name: str) -> None:
+    spec = deployment(name)["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["image"] == "docstream"
+    assert init["command"][:2] == ["sh", "-c"]
+    assert "docstream topics describe --json" in init["command"][2]
+    assert '["missing"]' in init["command"][2]
+    assert init["envFrom"] == [
+        e
+        for e in container(deployment(name))["envFrom"]
+        if e.get("secretRef", {}).get("name") != "docstream-blobs"
+    ]
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_labels_selectors_and_the_disruption_budget_match(name: str) -> None:
+    deploy = deployment(name)
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "docstream", "docstream.io/group": name}
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    pdb = by_kind("PodDisruptionBudget", "base")[f"docstream-{name}"]
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_resources_are_requested_and_limited(name: str) -> None:
+    resources = container(deployment(name))["resources"]
+    for key in ("cpu", "memory"):
+        assert key in resources["requests"], key
+        assert key in resources["limits"], key
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_no_probes_and_the_reason_is_on_the_pod(name: str) -> None:
+    """The workers serve no HTTP: no probes, an annotation says so, and rollouts are paced."""
+    deploy = deployment(name)
+    c = container(deploy)
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(c)
+    assert "ports" not in c
+    assert deploy["spec"]["template"]["metadata"]["annotations"]["docstream.io/probes"].startswith("none")
+    assert deploy["spec"]["minReadySeconds"] > 0
+    assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_termination_grace_covers_the_graceful_shutdown(name: str) -> None:
+    grace = deployment(name)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # the drain, then 15 s for the commit, the leave and the exit
+    assert grace == SHUTDOWN_S[name] + 15
+
+
+def test_the_exporter_is_reachable_and_carries_the_policy_bounds() -> None:
+    deploy = deployment("exporter")
+    c = container(deploy)
+    command = c["command"]
+    assert command[:2] == ["docstream", "exporter"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    port = int(command[command.index("--port") + 1])
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/metrics"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    service = by_kind("Service", "base")["docstream-exporter"]
+    assert service["spec"]["selector"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["port"] == port
+    monitor = by_kind("ServiceMonitor", "monitoring")["docstream-exporter"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    low, high = policy_bounds()
+    assert 0 < low <= high == partitions()
+
+
+def test_the_warehouse_url_is_required_where_the_warehouse_is_used() -> None:
+    """Without it the sink would write an embedded chDB into its emptyDir."""
+    job = by_kind("Job", "base")["docstream-setup"]
+    for spec in (deployment("warehouse")["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        env = {e["name"]: e for e in spec["containers"][0]["env"]}
+        ref = env["DOCSTREAM_WAREHOUSE__URL"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "docstream-warehouse", "key": "url"}
+
+
+def test_the_setup_job_creates_topics_without_fixing_drift_and_migrates() -> None:
+    job = by_kind("Job", "base")["docstream-setup"]
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "docstream topics ensure" in script and "--fix" not in script
+    assert "docstream warehouse migrate" in script
+
+
+def test_the_gpu_component_patches_ocr_with_one_gpu() -> None:
+    (patch,) = load_docs(K8S / "gpu" / "ocr-gpu.yaml")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("Deployment", "docstream-ocr")
+    (c,) = patch["spec"]["template"]["spec"]["containers"]
+    assert c["name"] == container(deployment("ocr"))["name"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+# -- autoscaling -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_each_group_has_a_scaled_object_on_the_signal(name: str) -> None:
+    so = by_kind("ScaledObject", "keda")[f"docstream-{name}"]
+    spec = so["spec"]
+    assert spec["scaleTargetRef"]["name"] == f"docstream-{name}"
+    assert spec["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
+    low, high = policy_bounds()
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (low, high)
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= partitions()
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == BEHAVIOR
+    (trigger,) = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "AverageValue")
+    meta = trigger["metadata"]
+    assert meta["threshold"] == "1"
+    assert meta["ignoreNullValues"] == "false"
+    assert meta["serverAddress"].startswith("http")
+    assert meta["query"] == f'max({SIGNAL}{{namespace="{NAMESPACE}", group="{group_id(name)}"}})'
+
+
+@pytest.mark.parametrize("name", GROUP_NAMES)
+def test_each_group_has_an_hpa_on_the_signal(name: str) -> None:
+    hpa = by_kind("HorizontalPodAutoscaler", "hpa")[f"docstream-{name}"]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": f"docstream-{name}",
+    }
+    low, high = policy_bounds()
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (low, high)
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"] <= partitions()
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"] == {
+        "name": SIGNAL,
+        "selector": {"matchLabels": {"group": group_id(name)}},
+    }
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    assert spec["behavior"] == BEHAVIOR
+
+
+def test_the_behaviour_repeats_the_policy_defaults() -> None:
+    """The HPA's windows and scale-in step are the policy's own (docs/scaling.md)."""
+    policy = ScalingSettings()
+    assert BEHAVIOR["scaleUp"]["stabilizationWindowSeconds"] == policy.up_window_s
+    assert BEHAVIOR["scaleDown"]["stabilizationWindowSeconds"] == policy.down_window_s
+    assert BEHAVIOR["scaleDown"]["policies"] == [
+        {"type": "Pods", "value": policy.max_scale_in, "periodSeconds": 120}
+    ]
+    assert (policy.min_replicas, policy.max_replicas) == policy_bounds()
+
+
+def test_the_adapter_rule_serves_the_signal_per_group_and_namespace() -> None:
+    (values,) = load_docs(ADAPTER_VALUES)
+    assert values["rules"]["default"] is False
+    (rule,) = values["rules"]["external"]
+    assert rule["seriesQuery"].startswith(SIGNAL + "{")
+    assert rule["name"]["as"] == SIGNAL
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}}
+    assert rule["metricsQuery"] == "max(<<.Series>>{<<.LabelMatchers>>}) by (group)"
+
+
+def test_the_kafka_trigger_example_is_not_applied() -> None:
+    listed = yaml.safe_load((K8S / "keda" / "kustomization.yaml").read_text(encoding="utf-8"))["resources"]
+    assert KAFKA_TRIGGER_EXAMPLE.name not in listed
+    (example,) = load_docs(KAFKA_TRIGGER_EXAMPLE)
+    assert example["spec"]["triggers"][0]["type"] == "kafka"
+
+
+# -- kustomize -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_kustomizations_list_files_that_exist_and_every_manifest_is_listed(directory: str) -> None:
+    here = K8S / directory
+    k = yaml.safe_load((here / "kustomization.yaml").read_text(encoding="utf-8"))
+    referenced: set[Path] = set()
+    for entry in k.get("resources", []) + k.get("components", []):
+        target = (here / entry).resolve()
+        assert target.exists(), entry
+        if target.is_dir():
+            assert (target / "kustomization.yaml").exists(), entry
+        referenced.add(target)
+    for patch in k.get("patches", []):
+        assert (here / patch["path"]).exists(), patch
+        referenced.add((here / patch["path"]).resolve())
+    for generator in k.get("configMapGenerator", []):
+        for file in generator.get("files", []):
+            assert (here / file).exists(), file
+    manifests = {p.resolve() for p in here.glob("*.yaml") if p.name != "kustomization.yaml"}
+    assert manifests - {p.resolve() for p in NOT_APPLIED} <= referenced
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_overlays_build(overlay: str) -> None:
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert built.returncode == 0, built.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
+    scaler = "ScaledObject" if overlay == "keda" else "HorizontalPodAutoscaler"
+    assert kinds.count(scaler) == len(GROUPS)
+    assert kinds.count("Deployment") == len(GROUPS) + 1  # + the exporter
+    assert "ServiceMonitor" in kinds
+
+
+# -- the dashboard and the metric names ------------------------------------------------------------
+
+
+def test_the_dashboard_has_a_datasource_and_a_group_variable() -> None:
+    d = dashboard()
+    assert d["schemaVersion"] >= 36 and d["uid"]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["group"]["definition"] == "label_values(docstream_consumer_group_lag, group)"
+    ids = [p["id"] for p in panels(d)]
+    assert len(ids) == len(set(ids))
+    for panel in panels(d):
+        for t in panel.get("targets", []):
+            assert t["datasource"]["uid"] == "${datasource}", panel["title"]
+            names = METRIC_NAME.findall(t["expr"])
+            if any(n.startswith("docstream_consumer_group_") for n in names):
+                assert '$group"' in t["expr"], (panel["title"], t["expr"])
+
+
+def test_the_dashboard_shows_every_metric_family_the_exporter_exports() -> None:
+    used = {name for expr in dashboard_exprs() for name in METRIC_NAME.findall(expr)}
+    assert set(METRIC_NAMES) <= used, sorted(set(METRIC_NAMES) - used)
+
+
+def test_every_metric_named_in_the_manifests_dashboard_and_docs_is_exported() -> None:
+    files = [p for p in K8S.rglob("*") if p.is_file()] + [DOCS]
+    named: dict[str, set[str]] = {}
+    for path in files:
+        for name in METRIC_NAME.findall(path.read_text(encoding="utf-8")):
+            named.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    assert SIGNAL in named
+    unknown = {name: sorted(where) for name, where in named.items() if name not in METRIC_NAMES}
+    assert not unknown, unknown
