@@ -28,6 +28,7 @@ from rich.table import Table
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.analytics.sketch import LatencySketch
 from consumers.analytics.windows import STAGES
+from consumers.exporter import serve_exporter
 from consumers.groups import WORKER_GROUPS, build_sink, build_worker
 from consumers.lag import offset_lag
 from consumers.runtime import Worker
@@ -66,10 +67,15 @@ def register(app: typer.Typer) -> None:
 
 
 @reports_errors
-def up() -> None:
+def up(
+    exporter_port: int = typer.Option(
+        9308, "--exporter-port", help="the lag exporter port on 127.0.0.1 (/metrics, /healthz); 0: any free"
+    ),
+) -> None:
     """The worker groups and the warehouse sink in this process, until SIGTERM / SIGINT.
 
-    The same as `demo` without the sample documents: in embedded mode this process owns chDB.
+    The same as `demo` without the sample documents: in embedded mode this process owns chDB. The
+    analytics worker runs as a child process, and the lag exporter serves the groups' metrics.
     """
     s = settings()
     if s.uses_local_broker and not local_broker.for_settings(s).status().running:
@@ -79,7 +85,12 @@ def up() -> None:
         declared_topics(s.topic_partitions, s.group_prefix),
         replication_factor=s.replication_factor,
     )
-    with Warehouse(s.warehouse_url) as warehouse, serve_queries(warehouse), analytics_worker(s) as analytics:
+    with (
+        Warehouse(s.warehouse_url) as warehouse,
+        serve_queries(warehouse),
+        analytics_worker(s) as analytics,
+        serve_exporter(s, host="127.0.0.1", port=exporter_port) as exporter,
+    ):
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
         sink, sink_worker = build_sink(s, warehouse)
@@ -88,7 +99,7 @@ def up() -> None:
             "up: "
             + ", ".join(m.group_id for m in members)
             + f", {group_id('analytics', s.group_prefix)} (faust, log {analytics.log_path})"
-            + f"; warehouse {warehouse.url}; Ctrl-C stops"
+            + f"; warehouse {warehouse.url}; lag metrics {exporter.url}/metrics; Ctrl-C stops"
         )
 
         def until_signalled(stop: threading.Event) -> None:
