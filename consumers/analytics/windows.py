@@ -16,8 +16,11 @@ lands in the same window every time it is redelivered (its event time does not c
 per-window set is enough, and it is dropped with the window.
 
 Completion events carry no content type. The table learns each document's content type from its
-upload (a bounded most-recently-used map, `remembered_documents` entries) and files a completion
-whose upload it has not seen under `UNKNOWN_CONTENT_TYPE`, unless the caller passes one.
+upload (a bounded most-recently-used map, `remembered_documents` entries). A completion whose
+upload it has not seen yet (the source topics are read concurrently, so a completion can come
+first) waits, while its windows are open, for that upload, which files it under the upload's
+content type; when its first window closes without the upload it is filed under
+`UNKNOWN_CONTENT_TYPE` (unless the caller passed a content type).
 
 All time is injected: the caller passes the event times and, to `closed(watermark_ms, grace_ms)`,
 its watermark. `closed` returns (and forgets) every window whose end + grace <= watermark. An event
@@ -182,6 +185,8 @@ class RollupTable:
         self._rollups: dict[RollupKey, Rollup] = {}
         self._seen: dict[WindowKey, set[EventKey]] = {}
         self._content_types: OrderedDict[str, str] = OrderedDict()
+        # document id -> its completions waiting for the upload's content type, by event key
+        self._waiting: dict[str, dict[EventKey, Completion]] = {}
         self._closed_until: int | None = None  # windows ending at or before this are closed
         self.late: Counter[int] = Counter()  # window size -> events that came after it closed
         self.duplicates: Counter[int] = Counter()  # window size -> redelivered events skipped
@@ -189,6 +194,8 @@ class RollupTable:
     def add_upload(self, upload: Upload) -> None:
         """Count a document and its bytes in each window of its upload time."""
         self._remember(upload.document_id, upload.content_type)
+        for waiting in self._waiting.pop(upload.document_id, {}).values():
+            self._file(waiting, upload.content_type)
         for rollup in self._rollups_for(
             upload.uploaded_at_ms, (UPLOADED, upload.document_id), upload.tenant, upload.content_type
         ):
@@ -199,9 +206,18 @@ class RollupTable:
         """Add the stage's latency (and OCR's pages) to each window of the completion time."""
         if completion.stage not in STAGES:
             raise ValueError(f"unknown stage {completion.stage!r}; expected one of {STAGES}")
-        content_type = completion.content_type or self._content_types.get(
-            completion.document_id, UNKNOWN_CONTENT_TYPE
-        )
+        content_type = completion.content_type or self._content_types.get(completion.document_id)
+        if content_type is None and not self._first_window_closed(completion.completed_at_ms):
+            waiting = self._waiting.setdefault(completion.document_id, {})
+            waiting[(completion.stage, completion.idempotency_key)] = completion  # a redelivery: once
+            return
+        self._file(completion, content_type or UNKNOWN_CONTENT_TYPE)
+
+    def _first_window_closed(self, ts_ms: int) -> bool:
+        size = min(self.window_sizes_ms)
+        return self._closed_until is not None and window_start(ts_ms, size) + size <= self._closed_until
+
+    def _file(self, completion: Completion, content_type: str) -> None:
         event_key = (completion.stage, completion.idempotency_key)
         windows = self._rollups_for(completion.completed_at_ms, event_key, completion.tenant, content_type)
         for rollup in windows:
@@ -212,6 +228,15 @@ class RollupTable:
     def closed(self, watermark_ms: int, grace_ms: int = 0) -> list[Rollup]:
         """Remove and return the windows with end + grace <= watermark, oldest first."""
         until = watermark_ms - grace_ms
+        size = min(self.window_sizes_ms)
+        for document_id in list(self._waiting):  # their uploads did not come in time
+            waiting = self._waiting[document_id]
+            for event_key, completion in list(waiting.items()):
+                if window_start(completion.completed_at_ms, size) + size <= until:
+                    self._file(completion, UNKNOWN_CONTENT_TYPE)
+                    del waiting[event_key]
+            if not waiting:
+                del self._waiting[document_id]
         if self._closed_until is None or until > self._closed_until:
             self._closed_until = until
         done = [key for key in self._rollups if key[0] + key[1] <= self._closed_until]

@@ -118,6 +118,31 @@ def test_a_completion_without_a_known_upload_is_filed_under_unknown() -> None:
     assert rollup.content_type == UNKNOWN_CONTENT_TYPE and rollup.documents == 0
 
 
+def test_a_completion_read_before_its_upload_waits_for_its_content_type() -> None:
+    table = RollupTable([MINUTE_MS, HOUR_MS])
+    table.add_completion(completion("d1", "ocr", 1_000, 5_000, pages=3))
+    table.add_completion(completion("d1", "ocr", 1_000, 5_000, pages=3))  # redelivered while waiting
+    table.add_upload(upload("d1", 1_000, content_type="image/png"))
+    rollups = table.closed(watermark_ms=HOUR_MS)
+    assert {(r.window_size, r.content_type, r.documents, r.pages) for r in rollups} == {
+        (MINUTE_MS, "image/png", 1, 3),
+        (HOUR_MS, "image/png", 1, 3),
+    }
+
+
+def test_a_waiting_completion_is_filed_under_unknown_when_its_window_closes() -> None:
+    table = RollupTable([MINUTE_MS, HOUR_MS])
+    table.add_completion(completion("d1", "ocr", 1_000, 5_000, pages=2))
+    minute = table.closed(watermark_ms=MINUTE_MS)
+    assert [(r.content_type, r.pages) for r in minute] == [(UNKNOWN_CONTENT_TYPE, 2)]
+    table.add_upload(upload("d1", 1_000, content_type="image/png"))  # too late for the minute
+    hour = table.closed(watermark_ms=HOUR_MS)
+    assert {(r.content_type, r.documents, r.pages) for r in hour} == {
+        (UNKNOWN_CONTENT_TYPE, 0, 2),
+        ("image/png", 1, 0),
+    }
+
+
 def test_clock_skew_gives_zero_latency_not_an_error() -> None:
     table = RollupTable([MINUTE_MS])
     table.add_completion(completion("d1", "ocr", 5_000, 4_000))
