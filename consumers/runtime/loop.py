@@ -412,6 +412,14 @@ class Worker:
             self._close_gates(numbers)
         if self._flow_paused:
             self._set_paused(True)
+        else:
+            # librdkafka keeps a partition's pause flag across unassign/assign: one paused by flow
+            # control before a rebalance took it away would come back paused and never be read.
+            fresh = [tp for tp in partitions if tp.partition not in self._gates]
+            if fresh:
+                consumer.resume(fresh)
+            if numbers:
+                self._retries.resume([TopicPartition(self.retry_topic, n) for n in numbers])
 
     def _close_gates(self, numbers: set[int]) -> None:
         """Pause source partitions until their retry partition's pending records are read."""
