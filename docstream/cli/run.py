@@ -11,7 +11,9 @@ In embedded mode this process owns chDB.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import signal
 import threading
 import time
@@ -28,11 +30,19 @@ from rich.table import Table
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.analytics.sketch import LatencySketch
 from consumers.analytics.windows import STAGES
+from consumers.autoscaler import (
+    Autoscaler,
+    ProcessLauncher,
+    ScaledGroup,
+    settings_environment,
+    worker_command,
+)
 from consumers.exporter import serve_exporter
 from consumers.groups import WORKER_GROUPS, build_sink, build_worker
-from consumers.lag import offset_lag
+from consumers.lag import LagMonitor, offset_lag, scaling_config
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
+from consumers.scaling import ScalingConfig
 from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.search import search
 from consumers.warehouse.sink import SinkTopics
@@ -40,7 +50,7 @@ from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
-from docstream.errors import BrokerError, DocstreamError
+from docstream.errors import BrokerError, ConfigurationError, DocstreamError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
 from docstream.topology import (
@@ -71,13 +81,36 @@ def up(
     exporter_port: int = typer.Option(
         9308, "--exporter-port", help="the lag exporter port on 127.0.0.1 (/metrics, /healthz); 0: any free"
     ),
+    autoscale: bool = typer.Option(
+        False,
+        "--autoscale",
+        help="run ocr, embeddings and thumbnails as worker processes, scaled per group by the scaling policy",
+    ),
+    min_replicas: int | None = typer.Option(
+        None,
+        "--min",
+        min=0,
+        help="with --autoscale: fewest processes per group [DOCSTREAM_SCALING__MIN_REPLICAS]",
+    ),
+    max_replicas: int | None = typer.Option(
+        None,
+        "--max",
+        min=1,
+        help="with --autoscale: most processes per group, also capped by the partitions "
+        "[DOCSTREAM_SCALING__MAX_REPLICAS]",
+    ),
 ) -> None:
     """The worker groups and the warehouse sink in this process, until SIGTERM / SIGINT.
 
     The same as `demo` without the sample documents: in embedded mode this process owns chDB. The
     analytics worker runs as a child process, and the lag exporter serves the groups' metrics.
+    With --autoscale the ocr, embeddings and thumbnails groups run as `docstream worker` child
+    processes instead of threads, as many per group as the scaling policy asks for (docs/operations.md).
     """
     s = settings()
+    scaling = _autoscale_config(s, min_replicas, max_replicas) if autoscale else None
+    if scaling is None and (min_replicas is not None or max_replicas is not None):
+        raise ConfigurationError("--min and --max go with --autoscale")
     if s.uses_local_broker and not local_broker.for_settings(s).status().running:
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
     ensure_topics(
@@ -92,25 +125,108 @@ def up(
         serve_exporter(s, host="127.0.0.1", port=exporter_port) as exporter,
     ):
         warehouse.migrate(DDL_DIR)
-        workers = [build_worker(name, s) for name in WORKER_GROUPS]
-        sink, sink_worker = build_sink(s, warehouse)
-        members = [*workers, sink_worker]
-        console.print(
-            "up: "
-            + ", ".join(m.group_id for m in members)
-            + f", {group_id('analytics', s.group_prefix)} (faust, log {analytics.log_path})"
-            + f"; warehouse {warehouse.url}; lag metrics {exporter.url}/metrics; Ctrl-C stops"
-        )
+        if scaling is not None:
+            _up_autoscaled(s, scaling, warehouse, analytics, exporter.url)
+        else:
+            workers = [build_worker(name, s) for name in WORKER_GROUPS]
+            sink, sink_worker = build_sink(s, warehouse)
+            members = [*workers, sink_worker]
+            console.print(
+                "up: "
+                + ", ".join(m.group_id for m in members)
+                + f", {group_id('analytics', s.group_prefix)} (faust, log {analytics.log_path})"
+                + f"; warehouse {warehouse.url}; lag metrics {exporter.url}/metrics; Ctrl-C stops"
+            )
 
-        def until_signalled(stop: threading.Event) -> None:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
-            while not stop.wait(0.5):
-                analytics.check()
+            def until_signalled(stop: threading.Event) -> None:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: stop.set())
+                while not stop.wait(0.5):
+                    analytics.check()
 
-        with sink:
-            _side_by_side(members, until_signalled)
+            with sink:
+                _side_by_side(members, until_signalled)
     console.print("up: stopped; offsets committed")
+
+
+def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int | None) -> ScalingConfig:
+    """The settings' scaling policy, with `--min` / `--max` over its bounds."""
+    bounds = {
+        "min_replicas": s.scaling.min_replicas if min_replicas is None else min_replicas,
+        "max_replicas": s.scaling.max_replicas if max_replicas is None else max_replicas,
+    }
+    try:
+        return dataclasses.replace(scaling_config(s.scaling), **bounds)
+    except ValueError as exc:
+        raise ConfigurationError(f"--autoscale: {exc}") from exc
+
+
+def _up_autoscaled(
+    s: Settings, scaling: ScalingConfig, warehouse: Warehouse, analytics: AnalyticsProcess, exporter_url: str
+) -> None:
+    """`up --autoscale`: the sink in a thread, the worker groups as processes under an
+    `Autoscaler`; the workers stop (gracefully) before the sink does."""
+    log_dir = s.home / "logs"
+    groups = [
+        ScaledGroup(name, group_id(name, s.group_prefix), worker_command(name)) for name in WORKER_GROUPS
+    ]
+    sink, sink_worker = build_sink(s, warehouse)
+    handler = _ConsoleLog()
+    autoscaler_log = logging.getLogger("consumers.autoscaler")
+    autoscaler_log.addHandler(handler)
+    level = autoscaler_log.level
+    autoscaler_log.setLevel(logging.INFO)
+    try:
+        with (
+            LagMonitor.from_settings(s, list(WORKER_GROUPS), scaling=None) as monitor,
+            Autoscaler(
+                groups,
+                scaling,
+                monitor.sample,
+                ProcessLauncher(settings_environment(s), log_dir),
+                decision_log=log_dir / "autoscaler.jsonl",
+            ) as autoscaler,
+        ):
+            console.print(
+                f"up: {sink_worker.group_id}, {group_id('analytics', s.group_prefix)} (faust, log "
+                f"{analytics.log_path}); autoscaled: "
+                + ", ".join(f"{g.group_id} (log {log_dir / g.name}.log)" for g in groups)
+                + f", {scaling.min_replicas}..{scaling.max_replicas} processes each, decisions in "
+                f"{log_dir / 'autoscaler.jsonl'}; warehouse {warehouse.url}; lag metrics "
+                f"{exporter_url}/metrics; Ctrl-C stops"
+            )
+
+            def until_signalled(stop: threading.Event) -> None:
+                def stopping(*_: object) -> None:
+                    autoscaler.request_stop()
+                    stop.set()
+
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, stopping)
+                try:
+                    while not stop.is_set():
+                        analytics.check()
+                        autoscaler.run_pending()
+                        stop.wait(0.5)
+                finally:
+                    autoscaler.shutdown()  # the workers first: the sink reads what they finish
+
+            with sink:
+                _side_by_side([sink_worker], until_signalled)
+    finally:
+        autoscaler_log.removeHandler(handler)
+        autoscaler_log.setLevel(level)
+
+
+class _ConsoleLog(logging.Handler):
+    """The autoscaler's log lines (decisions, starts, stops, crashes) on the console."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            style = "yellow" if record.levelno >= logging.WARNING else "dim"
+            console.print(f"autoscaler: {record.getMessage()}", style=style, markup=False, highlight=False)
+        except Exception:
+            self.handleError(record)
 
 
 @reports_errors
