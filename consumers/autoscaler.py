@@ -351,14 +351,7 @@ class Autoscaler:
         for run in self._runs.values():
             for replica in list(run.stopping):
                 if replica.child.poll() is None:
-                    log.warning(
-                        "%s: %s did not stop within %g s of SIGTERM: SIGKILL",
-                        run.group.group_id,
-                        _name(run, replica),
-                        self.stop_timeout_s,
-                    )
-                    replica.child.kill()
-                    replica.killed = True
+                    self._kill(run, replica)
                     try:
                         replica.child.wait(timeout=10)
                     except subprocess.TimeoutExpired:
@@ -400,6 +393,17 @@ class Autoscaler:
             self._sample_failing = False
         return snapshot
 
+    def _kill(self, run: _GroupRun, replica: _Replica) -> None:
+        """SIGKILL a replica that outlived its SIGTERM by `stop_timeout_s`."""
+        log.warning(
+            "%s: %s did not stop within %g s of SIGTERM: SIGKILL",
+            run.group.group_id,
+            _name(run, replica),
+            self.stop_timeout_s,
+        )
+        replica.child.kill()
+        replica.killed = True
+
     def _reap(self, run: _GroupRun, now: float) -> None:
         for replica in list(run.stopping):
             if replica.child.poll() is not None:
@@ -409,14 +413,7 @@ class Autoscaler:
                 and replica.stop_requested_at is not None
                 and now - replica.stop_requested_at >= self.stop_timeout_s
             ):
-                log.warning(
-                    "%s: %s did not stop within %g s of SIGTERM: SIGKILL",
-                    run.group.group_id,
-                    _name(run, replica),
-                    self.stop_timeout_s,
-                )
-                replica.child.kill()
-                replica.killed = True
+                self._kill(run, replica)
         for replica in list(run.live):
             code = replica.child.poll()
             if code is None:

@@ -111,13 +111,7 @@ def up(
     scaling = _autoscale_config(s, min_replicas, max_replicas) if autoscale else None
     if scaling is None and (min_replicas is not None or max_replicas is not None):
         raise ConfigurationError("--min and --max go with --autoscale")
-    if s.uses_local_broker and not local_broker.for_settings(s).status().running:
-        raise BrokerError("the local broker is not running: start it with `docstream broker start`")
-    ensure_topics(
-        connection_config(s),
-        declared_topics(s.topic_partitions, s.group_prefix),
-        replication_factor=s.replication_factor,
-    )
+    _prepare(s)
     with (
         Warehouse(s.warehouse_url) as warehouse,
         serve_queries(warehouse),
@@ -247,13 +241,7 @@ def demo(
     """Publish the sample documents, run the worker groups until their lag is zero, summarise."""
     s = settings()
     started = time.monotonic()
-    if s.uses_local_broker and not local_broker.for_settings(s).status().running:
-        raise BrokerError("the local broker is not running: start it with `docstream broker start`")
-    ensure_topics(
-        connection_config(s),
-        declared_topics(s.topic_partitions, s.group_prefix),
-        replication_factor=s.replication_factor,
-    )
+    _prepare(s)
     started_ms = int(time.time() * 1000)
     with (
         Warehouse(s.warehouse_url) as warehouse,
