@@ -69,7 +69,9 @@ def analytics_worker(settings: Settings, stop_timeout: float = 30.0) -> Iterator
     log_dir = settings.home / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "analytics.log"
-    argv = [sys.executable, "-m", "consumers.analytics", "worker", "--loglevel", "info"]
+    # --without-web: faust's CLI would otherwise serve on 0.0.0.0:6066, and a second worker on the
+    # machine (another `up`, a test) would fail to bind it.
+    argv = [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "--loglevel", "info"]
     with log_path.open("ab") as log:
         child = subprocess.Popen(
             argv,
