@@ -14,6 +14,7 @@ A stage supplies only `compute` (content -> result object + completion fields) a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -39,10 +40,45 @@ class Stage(Protocol):
         """The stage's own completion fields, read back from a stored result object."""
 
 
+class Outcomes:
+    """What a stage's handler did, counted across its lanes (a replay reports these).
+
+    computed: a new result object was written (a first run, or a bumped version);
+    reused:   the result under the current version existed, nothing was computed;
+    ignored:  the event needs no effect of this stage (embeddings: an upload waiting for OCR).
+    """
+
+    KINDS = ("computed", "reused", "ignored")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.KINDS, 0)
+
+    def add(self, kind: str) -> None:
+        with self._lock:
+            self._counts[kind] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
 def stage_handler(
-    stage: Stage, blobs: BlobStore, codec: Codec, clock: Callable[[], float] = time.time
+    stage: Stage,
+    blobs: BlobStore,
+    codec: Codec,
+    clock: Callable[[], float] = time.time,
+    *,
+    outcomes: Outcomes | None = None,
+    emit_reused: bool = True,
 ) -> Handler:
-    """The runtime handler of `stage`: reads `doc.uploaded` events decoded into `ctx.record`."""
+    """The runtime handler of `stage`: reads `doc.uploaded` events decoded into `ctx.record`.
+
+    `emit_reused=False` (a side replay) emits no completion event for a result that existed:
+    the live group emitted it when it computed it. The live group emits it again (a redelivery
+    must not lose the completion of an effect written just before a crash).
+    """
+    counts = outcomes if outcomes is not None else Outcomes()
 
     def handle(message: Any, ctx: Context) -> None:
         upload: dict[str, Any] = ctx.record
@@ -51,8 +87,11 @@ def stage_handler(
         stored = blobs.get_result(stage.name, key)  # 2.
         if stored is None:
             result, fields = stage.compute(upload, blobs.get(upload["blob_uri"]))
-            blobs.put_result(stage.name, key, result)
+            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused")
         else:
+            counts.add("reused")
+            if not emit_reused:
+                return
             fields = stage.summarise(stored)
         event = completion(stage.name, stage.version, blobs, upload, key, fields, started, clock)
         ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))  # 3.
@@ -70,7 +109,13 @@ def completion(
     started: float,
     clock: Callable[[], float],
 ) -> dict[str, Any]:
-    """The completion event of a stage for a document (`doc.uploaded` or an earlier completion)."""
+    """The completion event of a stage for a document (`doc.uploaded` or an earlier completion).
+
+    Call it once the result object is written: its write time is `computed_at`, the same on
+    every re-emission of that result (the warehouse's current version is the newest computed).
+    """
+    completed_at = int(clock() * 1000)
+    computed_at = blobs.result_time(stage, key)
     return {
         "document_id": document["document_id"],
         "tenant": document["tenant"],
@@ -79,7 +124,8 @@ def completion(
         "stage": stage,
         "model_version": version,
         "result_uri": blobs.uri(blobs.result_path(stage, key)),
-        "completed_at": int(clock() * 1000),
+        "completed_at": completed_at,
+        "computed_at": completed_at if computed_at is None else computed_at,
         "processing_ms": int((clock() - started) * 1000),
         "upload_at": document.get("uploaded_at", document.get("upload_at")),
         **fields,

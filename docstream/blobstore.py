@@ -2,7 +2,8 @@
 
 Content is stored under its sha256 (the same content is stored once); a stage result is
 stored under its idempotency key, written atomically (to a temporary name, then moved), and
-only if absent, so a repeated computation never produces a second effect.
+only if absent, so a repeated computation never produces a second effect. `result_time`
+says when a result was written: when it was computed, however often it is read back later.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import os
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import fsspec
 
@@ -68,6 +70,29 @@ class BlobStore:
             return None
         return self.get(self.uri(self.result_path(stage, key, suffix)))
 
+    def result_time(self, stage: str, key: str, suffix: str = "json") -> int | None:
+        """When the stage's result under `key` was written, epoch ms; None when there is none, or
+        the filesystem keeps no time.
+
+        It is the time the result was computed, whoever reads it later: a local result is
+        published by hard-linking its temporary file, which keeps the write's mtime, and an
+        object store's put (or move) is the write. A redelivery that reuses the result keeps it.
+        """
+        path = f"{self._root}/{self.result_path(stage, key, suffix)}"
+        try:
+            try:
+                return _epoch_ms(self._fs.modified(path))
+            except NotImplementedError:  # not every fsspec filesystem has modified(): its info
+                info = self._fs.info(path)
+            for name in ("mtime", "LastModified", "last_modified", "modified", "created"):
+                if info.get(name) is not None:
+                    return _epoch_ms(info[name])
+            return None
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            raise BlobStoreError(f"cannot read the time of {path}: {exc}") from exc
+
     def get(self, uri: str) -> bytes:
         try:
             with self._fs.open(self._path(uri), "rb") as f:
@@ -105,3 +130,17 @@ class BlobStore:
             return True
         except OSError as exc:
             raise BlobStoreError(f"cannot write {final}: {exc}") from exc
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_ms(value: datetime | float | int | str) -> int:
+    """Epoch milliseconds of a filesystem time: a datetime (naive is UTC), epoch seconds, or ISO 8601."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return (value - _EPOCH) // timedelta(milliseconds=1)
+    return int(float(value) * 1000)

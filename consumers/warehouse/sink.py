@@ -8,7 +8,8 @@ thumbnails groups. Per message, in this order:
     2. turn it into rows (a doc.embedded also reads its result object: one row per chunk);
     3. add the rows to the open batch with `done = ctx.defer()`: the message is not done yet;
     4. the flusher thread inserts the batch, table by table, once it holds `batch_rows` rows or
-       its first row waited `batch_ms`, whichever comes first;
+       its first row waited `batch_ms`, whichever comes first; chunks go first, so a document's
+       current embeddings version (its `stage_results` row) never names chunks not yet inserted;
     5. then it calls every `done(None)` of the batch (or `done(exc)` for all of them when an
        insert failed: the runtime retries or dead-letters those messages).
 
@@ -59,6 +60,7 @@ STAGE_RESULT_COLUMNS = (
     "chunks",
     "details",
     "completed_at",
+    "computed_at",
     "upload_at",
     "processing_ms",
 )
@@ -115,8 +117,13 @@ Insert = Callable[[str, list[Row]], None]  # (table, rows); raises to fail the b
 
 
 def stage_result_row(event: Mapping[str, Any]) -> Row:
-    """The `stage_results` row of a completion event (any stage); its own fields go to `details`."""
+    """The `stage_results` row of a completion event (any stage); its own fields go to `details`.
+
+    `computed_at` is when the result was first computed (completed_at for events written before
+    the field existed): the warehouse's current version of a stage is the one computed last.
+    """
     own = set(STAGE_RESULT_COLUMNS)
+    computed_at = event.get("computed_at")
     details = {name: value for name, value in event.items() if name not in own}
     return (
         event["document_id"],
@@ -131,6 +138,7 @@ def stage_result_row(event: Mapping[str, Any]) -> Row:
         event.get("chunks"),
         json.dumps(details, sort_keys=True, default=str),
         _timestamp(event["completed_at"]),
+        _timestamp(event["completed_at"] if computed_at is None else computed_at),
         _timestamp(event["upload_at"]),
         max(0, int(event["processing_ms"])),
     )
@@ -307,8 +315,8 @@ class Batcher:
         started = self._clock()
         error: BaseException | None = None
         try:
-            for table, table_rows in tables.items():
-                self._insert(table, table_rows)
+            for table in sorted(tables, key=lambda name: name != CHUNKS):
+                self._insert(table, tables[table])
         except Exception as exc:  # every message of the batch takes the retry path with it
             error = exc
         for done in dones:

@@ -272,10 +272,10 @@ def _prepare(s: Settings) -> None:
 
 
 def _print_warehouse(s: Settings, warehouse: Warehouse) -> None:
-    """What analysts see: rows per stage, dead letters, and a semantic search."""
+    """What analysts see: documents per stage (current versions), dead letters, and a semantic search."""
     out = Console(width=max(160, Console().width))
     _, rows = warehouse.query(
-        "SELECT stage, count() AS documents, sum(processing_ms) FROM docstream.stage_results FINAL "
+        "SELECT stage, count() AS documents, sum(processing_ms) FROM docstream.current_results "
         "GROUP BY stage ORDER BY stage"
     )
     _, dead = warehouse.query(
@@ -286,7 +286,7 @@ def _print_warehouse(s: Settings, warehouse: Warehouse) -> None:
         "warehouse ("
         + warehouse.url
         + "): "
-        + ", ".join(f"{stage} {n} rows" for stage, n, _ in rows)
+        + ", ".join(f"{stage} {n} documents" for stage, n, _ in rows)
         + "; dead letters: "
         + ", ".join(f"{g.removeprefix(s.group_prefix)} {e.rsplit('.', 1)[-1]} x{n}" for g, e, n in dead)
     )

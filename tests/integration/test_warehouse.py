@@ -69,7 +69,13 @@ def warehouse(warehouse_url: str) -> Iterator[Warehouse]:
         opened.migrate(DDL_DIR)
         yield opened
 
-MIGRATIONS = ["001_results.sql", "002_rollups.sql", "003_rollups_by_partition.sql"]
+
+MIGRATIONS = [
+    "001_results.sql",
+    "002_rollups.sql",
+    "003_rollups_by_partition.sql",
+    "004_model_versions.sql",
+]
 
 
 def completion(stage: str, document_id: str, version: str, **fields: object) -> dict[str, object]:
@@ -101,6 +107,8 @@ def test_migrating_twice_applies_each_file_once(warehouse_url: str) -> None:
         "dead_letters",
         "rollups",
         "schema_migrations",
+        "current_results",
+        "current_chunks",
     }
     assert sorted(applied) == [(name,) for name in MIGRATIONS]
 
@@ -238,6 +246,8 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
     assert answered.exit_code == 0, answered.output
     assert [row["name"] for row in json.loads(answered.stdout)] == [
         "chunks",
+        "current_chunks",
+        "current_results",
         "dead_letters",
         "rollups",
         "schema_migrations",
@@ -267,6 +277,8 @@ def test_search_ranks_the_chunk_that_answers_a_paraphrased_question_first(wareho
         warehouse.migrate(DDL_DIR)
         rows = chunk_rows(event, stored) + chunk_rows(other_tenant, stored)
         warehouse.insert(CHUNKS, rows, CHUNK_COLUMNS)
+        results = [stage_result_row(event), stage_result_row(other_tenant)]  # what makes them current
+        warehouse.insert(STAGE_RESULTS, results, STAGE_RESULT_COLUMNS)
 
     found = invoke(
         warehouse_url, "search", "when do I have to pay the bill?", "-k", "2", "--tenant", "acme", "--json"

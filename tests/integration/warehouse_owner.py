@@ -68,8 +68,9 @@ def fill(warehouse: Warehouse) -> None:
             {"page": 2, "index": 0, "text": "lasagne on thursday", "vector": [0.0, 0.1, 0.99]},
         ]
     }
-    event = {**completion("embeddings", "doc-1"), "model_version": MODEL}
+    event = {**completion("embeddings", "doc-1", chunks=2), "model_version": MODEL}
     warehouse.insert(CHUNKS, chunk_rows(event, stored), CHUNK_COLUMNS)
+    warehouse.insert(STAGE_RESULTS, [stage_result_row(event)], STAGE_RESULT_COLUMNS)  # makes them current
     letter = dead_letter_row("docstream.ocr.dlq", b"doc-9", {hdr.ERROR_CLASS: "PermanentError"}, NOW_MS)
     warehouse.insert(DEAD_LETTERS, [letter], DEAD_LETTER_COLUMNS)
     sketch = LatencySketch()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import fsspec
@@ -127,3 +130,65 @@ def test_get_result_returns_a_written_result_and_none_before(tmp_path: Path) -> 
     assert store.get_result("ocr", key) is None
     store.put_result("ocr", key, b'{"pages": 2}')
     assert store.get_result("ocr", key) == b'{"pages": 2}'
+
+
+def test_result_time_is_the_write_time_of_the_result_in_epoch_ms(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    key = "ef" * 32
+    assert store.result_time("ocr", key) is None
+    store.put_result("ocr", key, b"{}")
+    written = (tmp_path / store.result_path("ocr", key)).stat().st_mtime_ns // 1_000_000
+    assert store.result_time("ocr", key) == written
+    assert abs(written - time.time() * 1000) < 60_000
+    assert store.result_time("ocr", key, suffix="png") is None
+    assert store.result_time("embeddings", key) is None
+
+
+def test_result_time_keeps_the_first_write_when_the_result_is_reused(tmp_path: Path) -> None:
+    """A redelivery finds the result and writes nothing: the time stays the computation's."""
+    store = BlobStore(str(tmp_path))
+    key = "0a" * 32
+    store.put_result("ocr", key, b"first")
+    path = tmp_path / store.result_path("ocr", key)
+    os.utime(path, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))  # computed long ago
+    assert store.put_result("ocr", key, b"again") is False
+    assert store.get_result("ocr", key) == b"first"
+    assert store.result_time("ocr", key) == 1_700_000_000_123
+
+
+def test_a_result_published_by_hard_link_keeps_its_temporary_file_s_write_time(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    tmp, final = tmp_path / ".tmp-x", tmp_path / "final"
+    tmp.write_bytes(b"r")
+    os.utime(tmp, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    assert store._link_once(str(tmp), str(final))
+    assert final.stat().st_mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_result_time_on_a_memory_filesystem() -> None:
+    store = BlobStore(f"memory://docstream-test-{uuid.uuid4().hex}")
+    key = "1b" * 32
+    assert store.result_time("thumbnails", key) is None
+    before = int(time.time() * 1000)
+    store.put_result("thumbnails", key, b"{}")
+    written = store.result_time("thumbnails", key)
+    assert written is not None and before - 1 <= written <= int(time.time() * 1000) + 1
+
+
+def test_a_filesystem_without_modified_is_read_through_its_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = BlobStore(str(tmp_path))
+    key = "2c" * 32
+    store.put_result("ocr", key, b"{}")
+
+    def no_modified(path: str) -> None:
+        raise NotImplementedError
+
+    monkeypatch.setattr(store._fs, "modified", no_modified)
+    monkeypatch.setattr(
+        store._fs, "info", lambda path: {"LastModified": datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)}
+    )
+    assert store.result_time("ocr", key) == 1_735_787_045_678
+    monkeypatch.setattr(store._fs, "info", lambda path: {"size": 2})
+    assert store.result_time("ocr", key) is None

@@ -50,6 +50,7 @@ def completion(stage: str) -> dict[str, Any]:
         "completed_at": UPLOADED_AT + timedelta(seconds=3),
         "processing_ms": 2_900,
         "upload_at": UPLOADED_AT,
+        "computed_at": UPLOADED_AT + timedelta(seconds=2),
     }
 
 
@@ -59,7 +60,11 @@ RECORDS = {
     | {"pages": 3, "pages_ocr": 2, "mean_confidence": 0.91, "engine": "rapidocr/CUDAExecutionProvider"},
     topology.EMBEDDED: completion("embeddings") | {"chunks": 12, "dimensions": 384, "model": "minilm"},
     topology.THUMBNAILED: completion("thumbnails")
-    | {"sizes": [{"page": 1, "long_side": 256, "width": 181, "height": 256, "uri": "file:///blobs/t/256.png"}]},
+    | {
+        "sizes": [
+            {"page": 1, "long_side": 256, "width": 181, "height": 256, "uri": "file:///blobs/t/256.png"}
+        ]
+    },
 }
 
 codec = SingleObjectCodec()
@@ -134,6 +139,37 @@ def test_a_process_that_lacks_the_writer_schema_cannot_decode() -> None:
     data = codec.encode(topology.DOC_UPLOADED, uploaded())
     with pytest.raises(DecodeError, match=f"unknown writer schema fingerprint {V2.fingerprint:016x}"):
         old_producer.decode(topology.DOC_UPLOADED, data, coordinates="doc.uploaded[0]@7")
+
+
+COMPLETION_EVENTS = {  # event type -> the version before `computed_at`
+    topology.OCR_DONE: 1,
+    topology.EMBEDDED: 1,
+    topology.THUMBNAILED: 2,
+}
+
+
+@pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
+def test_completion_events_before_computed_at_still_decode_with_it_null(event_type: str) -> None:
+    old = catalog().get(event_type, COMPLETION_EVENTS[event_type])
+    record = {k: v for k, v in RECORDS[event_type].items() if k != "computed_at"}
+    before = Catalog(catalog().versions(event_type)[: old.version])  # a worker not yet upgraded
+    data = SingleObjectCodec(before).encode(event_type, record)
+    assert peek_fingerprint(data) == old.fingerprint
+    assert codec.decode(event_type, data) == record | {"computed_at": None}
+
+
+@pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
+def test_computed_at_round_trips_and_older_readers_skip_it(event_type: str) -> None:
+    latest = catalog().latest(event_type)
+    assert latest.version == COMPLETION_EVENTS[event_type] + 1
+    millis = int((UPLOADED_AT + timedelta(seconds=2)).timestamp() * 1000)
+    data = codec.encode(event_type, RECORDS[event_type] | {"computed_at": millis})
+    assert peek_fingerprint(data) == latest.fingerprint
+    assert codec.decode(event_type, data)["computed_at"] == UPLOADED_AT + timedelta(seconds=2)
+    unknown = codec.encode(event_type, RECORDS[event_type] | {"computed_at": None})
+    assert codec.decode(event_type, unknown)["computed_at"] is None
+    older = codec.decode(event_type, data, reader_version=COMPLETION_EVENTS[event_type])
+    assert older == {k: v for k, v in RECORDS[event_type].items() if k != "computed_at"}
 
 
 def test_unknown_reader_version_is_a_schema_error() -> None:

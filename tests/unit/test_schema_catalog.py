@@ -115,7 +115,25 @@ def test_unknown_event_type_and_version_are_schema_errors() -> None:
         catalog().get(topology.DOC_UPLOADED, 3)
 
 
-@pytest.mark.parametrize("event_type", [topology.DOC_UPLOADED, topology.OCR_DONE])
+@pytest.mark.parametrize(
+    ("event_type", "versions"),
+    [(topology.OCR_DONE, [1, 2]), (topology.EMBEDDED, [1, 2]), (topology.THUMBNAILED, [1, 2, 3])],
+)
+def test_the_latest_completion_events_add_a_nullable_computed_at(
+    event_type: str, versions: list[int]
+) -> None:
+    found = catalog().versions(event_type)
+    assert [sv.version for sv in found] == versions
+    before = {f["name"] for f in found[-2].definition["fields"]}
+    added = [f for f in found[-1].definition["fields"] if f["name"] not in before]
+    assert [(f["name"], f["type"], f["default"]) for f in added] == [
+        ("computed_at", ["null", {"type": "long", "logicalType": "timestamp-millis"}], None)
+    ]
+
+
+@pytest.mark.parametrize(
+    "event_type", [topology.DOC_UPLOADED, topology.OCR_DONE, topology.EMBEDDED, topology.THUMBNAILED]
+)
 def test_every_version_is_full_transitive_compatible_with_the_ones_before(event_type: str) -> None:
     """The project's evolution policy: replays need BACKWARD, rolling deploys need FORWARD."""
     versions = catalog().versions(event_type)

@@ -12,8 +12,10 @@ import pytest
 from consumers.runtime import headers as hdr
 from consumers.warehouse.sink import (
     CHUNK_COLUMNS,
+    CHUNKS,
     DEAD_LETTER_COLUMNS,
     STAGE_RESULT_COLUMNS,
+    STAGE_RESULTS,
     Batcher,
     Row,
     SinkTopics,
@@ -33,6 +35,7 @@ OCR_DONE = {
     "model_version": "rapidocr:v1",
     "result_uri": "file:///blobs/results/ocr/k1.json",
     "completed_at": datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+    "computed_at": datetime(2025, 1, 2, 3, 4, 1, tzinfo=UTC),
     "processing_ms": 42,
     "upload_at": 1_735_787_045_000,  # epoch ms are accepted too
     "pages": 3,
@@ -48,8 +51,25 @@ def test_a_completion_event_becomes_one_stage_row_with_its_own_fields_as_details
     assert (row["pages"], row["pages_ocr"], row["chunks"]) == (3, 1, None)
     assert json.loads(row["details"]) == {"engine": "rapidocr/CPUExecutionProvider", "mean_confidence": 0.9}
     assert row["completed_at"] == datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    assert row["computed_at"] == datetime(2025, 1, 2, 3, 4, 1, tzinfo=UTC)
     assert row["upload_at"] == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert row["processing_ms"] == 42
+
+
+@pytest.mark.parametrize("event", [{**OCR_DONE, "computed_at": None}, {**OCR_DONE, "computed_at": 0}])
+def test_computed_at_is_taken_as_given_or_completed_at_when_the_event_has_none(
+    event: dict[str, object],
+) -> None:
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    expected = row["completed_at"] if event["computed_at"] is None else datetime(1970, 1, 1, tzinfo=UTC)
+    assert row["computed_at"] == expected
+    assert "computed_at" not in json.loads(row["details"])
+
+
+def test_an_event_of_an_older_schema_without_computed_at_uses_completed_at() -> None:
+    event = {k: v for k, v in OCR_DONE.items() if k != "computed_at"}
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    assert row["computed_at"] == row["completed_at"] == datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
 
 def test_a_thumbnail_event_has_no_page_counts_and_keeps_its_sizes_in_details() -> None:
@@ -172,6 +192,15 @@ def test_a_batch_is_inserted_per_table_once_it_holds_batch_rows_rows() -> None:
     assert dones.results == [None, None]
 
 
+def test_chunks_are_inserted_before_the_stage_results_that_make_them_current() -> None:
+    inserts = Inserts()
+    batcher = Batcher(inserts, batch_rows=1000, batch_ms=60_000)
+    batcher.start()
+    batcher.add({"docstream.dead_letters": [(0,)], STAGE_RESULTS: [(1,)], CHUNKS: [(2,), (3,)]}, Dones())
+    batcher.close()
+    assert [table for table, _ in inserts.calls] == [CHUNKS, "docstream.dead_letters", STAGE_RESULTS]
+
+
 def test_a_batch_is_inserted_once_its_first_row_waited_batch_ms() -> None:
     inserts, dones = Inserts(), Dones()
     dones.expected = 1
@@ -267,7 +296,11 @@ def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns(
     assert row["source_partition"] == 7
     assert (row["window_size_s"], row["window_start"]) == (60, datetime(2024, 1, 1, tzinfo=UTC))
     assert (row["tenant"], row["content_type"], row["documents"], row["bytes"], row["pages"]) == (
-        "acme", "application/pdf", 2, 300, 4
+        "acme",
+        "application/pdf",
+        2,
+        300,
+        4,
     )
     ocr = (row["ocr_count"], row["ocr_sum_ms"], row["ocr_p50_ms"], row["ocr_p95_ms"])
     assert ocr == (2, 400, 100.0, 100.0)
