@@ -8,9 +8,11 @@ Models load here, once per process, not per event.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from consumers.runtime import Worker
+from consumers.stage import Outcomes
 from docstream.blobstore import BlobStore
 from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
@@ -25,9 +27,20 @@ if TYPE_CHECKING:
 WORKER_GROUPS = ("ocr", "embeddings", "thumbnails")
 
 
-def build_worker(name: str, settings: Settings) -> Worker:
+@dataclass
+class WorkerOptions:
+    """How a worker differs from the live group's: what a side replay (consumers.replay) changes."""
+
+    group_id: str | None = None  # None: the live group's id
+    dead_letter_to: str | None = None  # None: the group id's own dead-letter topic
+    emit_reused: bool = True  # emit completion events for results that existed
+    outcomes: Outcomes = field(default_factory=Outcomes)  # computed / reused / ignored, counted
+    wrap_calls: Callable[[Any], Any] | None = None  # wraps the handler and the decoder (replay bounds)
+
+
+def build_worker(name: str, settings: Settings, options: WorkerOptions | None = None) -> Worker:
     """The worker of group `name`, wired from `settings`."""
-    builders: dict[str, Callable[[Settings, BlobStore, Codec], Worker]] = {
+    builders: dict[str, Callable[[Settings, BlobStore, Codec, WorkerOptions], Worker]] = {
         "ocr": _ocr,
         "embeddings": _embeddings,
         "thumbnails": _thumbnails,
@@ -35,7 +48,26 @@ def build_worker(name: str, settings: Settings) -> Worker:
     if name not in builders:
         raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(WORKER_GROUPS)}")
     _quiet_onnxruntime()
-    return builders[name](settings, BlobStore(settings.blob_root), make_codec(settings.schema_registry_url))
+    blobs, codec = BlobStore(settings.blob_root), make_codec(settings.schema_registry_url)
+    return builders[name](settings, blobs, codec, options or WorkerOptions())
+
+
+def stage_version(name: str, settings: Settings) -> str:
+    """The version a worker group's stage runs with `settings`, without loading its models."""
+    if name == "ocr":
+        from consumers.ocr.worker import ocr_version
+
+        return ocr_version(settings.ocr)
+    if name == "embeddings":
+        from consumers.embeddings.model import model_version
+        from consumers.embeddings.worker import embeddings_version
+
+        return embeddings_version(model_version())
+    if name == "thumbnails":
+        from consumers.thumbnails.worker import thumbnail_version
+
+        return thumbnail_version(settings.thumbnails)
+    raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(WORKER_GROUPS)}")
 
 
 def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
@@ -70,17 +102,22 @@ def _quiet_onnxruntime() -> None:
     onnxruntime.set_default_logger_severity(4)
 
 
-def _worker(settings: Settings, name: str, topics: list[str], **wiring: object) -> Worker:
+def _worker(
+    settings: Settings, name: str, topics: list[str], options: WorkerOptions, **wiring: Any
+) -> Worker:
+    if options.wrap_calls is not None:
+        wiring = {part: options.wrap_calls(call) for part, call in wiring.items() if call is not None}
     return Worker(
-        group_id=group_id(name, settings.group_prefix),
+        group_id=options.group_id or group_id(name, settings.group_prefix),
         topics=topics,
         connection=connection_config(settings),
         runtime=settings.runtime,
-        **wiring,  # type: ignore[arg-type]  # handler and decoder, typed at the call sites
+        dead_letter_to=options.dead_letter_to,
+        **wiring,  # handler and decoder, typed at the call sites
     )
 
 
-def _ocr(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
+def _ocr(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
     from consumers.ocr.batcher import PageBatcher
     from consumers.ocr.engine import OcrEngine
     from consumers.ocr.worker import OcrStage
@@ -96,21 +133,31 @@ def _ocr(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
         settings,
         "ocr",
         [DOC_UPLOADED],
-        handler=stage_handler(stage, blobs, codec),
+        options,
+        handler=stage_handler(
+            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused
+        ),
         decoder=upload_decoder(codec),
     )
 
 
-def _embeddings(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
+def _embeddings(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
     from consumers.embeddings.model import EmbeddingModel
     from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
 
     stage = EmbeddingStage(EmbeddingModel(settings.ocr.providers))
-    handler = embeddings_handler(stage, blobs, codec, max_pages=settings.ocr.max_pages)
-    return _worker(settings, "embeddings", [DOC_UPLOADED, OCR_DONE], handler=handler)
+    handler = embeddings_handler(
+        stage,
+        blobs,
+        codec,
+        max_pages=settings.ocr.max_pages,
+        outcomes=options.outcomes,
+        emit_reused=options.emit_reused,
+    )
+    return _worker(settings, "embeddings", [DOC_UPLOADED, OCR_DONE], options, handler=handler)
 
 
-def _thumbnails(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
+def _thumbnails(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
     from consumers.stage import stage_handler, upload_decoder
     from consumers.thumbnails.worker import ThumbnailStage
 
@@ -119,6 +166,9 @@ def _thumbnails(settings: Settings, blobs: BlobStore, codec: Codec) -> Worker:
         settings,
         "thumbnails",
         [DOC_UPLOADED],
-        handler=stage_handler(stage, blobs, codec),
+        options,
+        handler=stage_handler(
+            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused
+        ),
         decoder=upload_decoder(codec),
     )

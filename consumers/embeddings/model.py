@@ -12,6 +12,7 @@ when a call to `embed` fails.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -40,6 +41,16 @@ DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 Vectors = npt.NDArray[np.float32]
 
 
+def _version_of(onnx_bytes: bytes) -> str:
+    return f"{MODEL_NAME}@{hashlib.sha256(onnx_bytes).hexdigest()[:12]}"
+
+
+@functools.cache
+def model_version() -> str:
+    """The model's version (its name and file hash) without loading it: for plans and reports."""
+    return _version_of(_package_bytes(MODEL_PACKAGE, MODEL_FILE))
+
+
 class EmbeddingModel:
     """all-MiniLM-L6-v2 on onnxruntime: `embed(texts)` gives one unit-norm float32 row per text.
 
@@ -61,7 +72,7 @@ class EmbeddingModel:
         self.batch_size = batch_size
         self.max_tokens = max_tokens
         onnx_bytes = _package_bytes(MODEL_PACKAGE, MODEL_FILE)
-        self.model_version = f"{MODEL_NAME}@{hashlib.sha256(onnx_bytes).hexdigest()[:12]}"
+        self.model_version = _version_of(onnx_bytes)
         self._tokenizer = _load_tokenizer(max_tokens)
         self._session = _load_session(onnx_bytes, list(providers))
         self._input_names = {node.name for node in self._session.get_inputs()}

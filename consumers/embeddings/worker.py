@@ -4,7 +4,9 @@ It reads two topics. A `doc.uploaded` document whose pages all have text (a text
 plain text) is embedded at once. One with pages that need OCR is left to its `doc.ocr.done`
 event, whose result object holds every page's text; a `doc.ocr.done` without OCR'd pages is
 ignored, as its upload was embedded already. Either way the effect is keyed by content,
-stage and version, so a document is embedded once, whichever event comes first or twice.
+stage and version, so a document is embedded once, whichever event comes first or twice. The
+version of text that OCR read is `<embeddings version>+<OCR version>`: a document re-read by a
+bumped OCR version is embedded again, under a new key.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import EmbeddingModel
 from consumers.ocr.pages import text_layers
 from consumers.runtime import Context, Handler
-from consumers.stage import completion
+from consumers.stage import Outcomes, completion
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE
 from schemas.codec import Codec
 
 Pages = list[tuple[int, str]]  # (page number, text)
+
+
+def embeddings_version(model_version: str, max_words: int = 120, overlap: int = 20) -> str:
+    """The embeddings stage's version: the model (name and file hash) and the chunking."""
+    return f"{model_version}:chunks{max_words}/{overlap}"
 
 
 class EmbeddingStage:
@@ -38,7 +45,7 @@ class EmbeddingStage:
     ) -> None:
         self._model, self._max_words, self._overlap = model, max_words, overlap
         self.result_topic = result_topic
-        self.version = f"{model.model_version}:chunks{max_words}/{overlap}"
+        self.version = embeddings_version(model.model_version, max_words, overlap)
 
     def compute(self, pages: Pages) -> tuple[bytes, dict[str, Any]]:
         chunks: list[dict[str, Any]] = [
@@ -75,8 +82,14 @@ def embeddings_handler(
     ocr_done: str = OCR_DONE,
     max_pages: int = 200,
     clock: Callable[[], float] = time.time,
+    outcomes: Outcomes | None = None,
+    emit_reused: bool = True,
 ) -> Handler:
-    """The runtime handler: decodes by topic, finds the pages' text, embeds once per key."""
+    """The runtime handler: decodes by topic, finds the pages' text, embeds once per key.
+
+    `outcomes` and `emit_reused` as for `consumers.stage.stage_handler`.
+    """
+    counts = outcomes if outcomes is not None else Outcomes()
 
     def pages_of(message: Any) -> tuple[dict[str, Any], Pages | None]:
         if message.topic() == ocr_done:
@@ -97,15 +110,23 @@ def embeddings_handler(
         started = clock()
         document, pages = pages_of(message)
         if pages is None:
+            counts.add("ignored")
             return
-        key = idempotency_key(document["content_sha256"], stage.name, stage.version)
+        # Text read by OCR depends on the OCR version too: a re-read (bumped OCR) is embedded anew.
+        version = (
+            stage.version if message.topic() != ocr_done else f"{stage.version}+{document['model_version']}"
+        )
+        key = idempotency_key(document["content_sha256"], stage.name, version)
         stored = blobs.get_result(stage.name, key)
         if stored is None:
             result, fields = stage.compute(pages)
-            blobs.put_result(stage.name, key, result)
+            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused")
         else:
+            counts.add("reused")
+            if not emit_reused:
+                return
             fields = stage.summarise(stored)
-        event = completion(stage.name, stage.version, blobs, document, key, fields, started, clock)
+        event = completion(stage.name, version, blobs, document, key, fields, started, clock)
         ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))
 
     return handle

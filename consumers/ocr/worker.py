@@ -36,6 +36,12 @@ class PageReader(Protocol):
         ...
 
 
+def ocr_version(settings: OcrSettings) -> str:
+    """The OCR stage's version: the engine and every setting that changes what it reads."""
+    mode = "always" if settings.always_ocr else "where-no-text"
+    return f"{ENGINE}:det{settings.det_max_side}:dpi{settings.dpi}:{mode}"
+
+
 class OcrStage:
     """`consumers.stage.Stage` for OCR."""
 
@@ -45,8 +51,7 @@ class OcrStage:
     def __init__(self, engine: PageReader, settings: OcrSettings, result_topic: str = OCR_DONE) -> None:
         self._engine, self._settings = engine, settings
         self.result_topic = result_topic
-        mode = "always" if settings.always_ocr else "where-no-text"
-        self.version = f"{ENGINE}:det{settings.det_max_side}:dpi{settings.dpi}:{mode}"
+        self.version = ocr_version(settings)
 
     def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
         pages = self._pages(upload["content_type"], content)

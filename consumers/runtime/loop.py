@@ -66,6 +66,7 @@ class RunStats:
     in_flight: int = 0
     last_loop_ms: int = 0
     assigned: set[TP] = field(default_factory=set)
+    stored: dict[TP, int] = field(default_factory=dict)  # the next offset to read, once stored
 
 
 class Worker:
@@ -83,11 +84,16 @@ class Worker:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         consumer_overrides: dict[str, Any] | None = None,
+        dead_letter_to: str | None = None,
     ) -> None:
         if not topics:
             raise ConfigurationError("a worker needs at least one topic")
         self.group_id, self.topics = group_id, list(topics)
-        self.retry_topic, self.dlq_topic = retry_topic(group_id), dead_letter_topic(group_id)
+        # A side replay (consumers.replay) dead-letters into the live group's topic.
+        self.retry_topic, self.dlq_topic = (
+            retry_topic(group_id),
+            dead_letter_to or dead_letter_topic(group_id),
+        )
         self._runtime, self._clock, self._rng = runtime, clock, rng or random.Random()
         conf = partial(self._consumer_config, connection, overrides=consumer_overrides)
         self._consumer, self._retries = Consumer(conf(group_id)), Consumer(conf(retry_group_id(group_id)))
@@ -146,6 +152,24 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
+        """The next offset each assigned partition will fetch (source or retry topic); call from
+        the loop's thread (an `until` predicate). Unfetched or unassigned partitions are left out."""
+        out: dict[TP, int] = {}
+        for consumer in (self._consumer, self._retries):
+            mine = [
+                TopicPartition(t, p)
+                for t, p in tps
+                if (t, p) in self.stats.assigned and self._owns(consumer, t)
+            ]
+            if not mine:
+                continue
+            with contextlib.suppress(KafkaException):
+                out |= {
+                    (tp.topic, tp.partition): tp.offset for tp in consumer.position(mine) if tp.offset >= 0
+                }
+        return out
 
     def install_signal_handlers(self) -> None:
         """SIGTERM / SIGINT stop the loop gracefully (call from the main thread)."""
@@ -328,6 +352,7 @@ class Worker:
             consumer = self._retries if topic == self.retry_topic else self._consumer
             with contextlib.suppress(KafkaException):  # revoked between settle and store
                 consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
+            self.stats.stored[(topic, partition)] = offset
         self._to_store.clear()
 
     # -- lane callbacks (lane threads) ----------------------------------------------------

@@ -21,6 +21,12 @@ from docstream.topology import THUMBNAILED
 VERSION = "webp-1"
 
 
+def thumbnail_version(settings: ThumbnailSettings) -> str:
+    """The thumbnails stage's version: the renderer and every setting that changes its pictures."""
+    sides = ",".join(str(side) for side in sorted(settings.long_sides))
+    return f"{VERSION}:{sides}:q{settings.quality}:p{settings.pages}"
+
+
 class ThumbnailStage:
     """`consumers.stage.Stage` for thumbnails."""
 
@@ -32,8 +38,7 @@ class ThumbnailStage:
     ) -> None:
         self._blobs, self._settings = blobs, settings
         self.result_topic = result_topic
-        sides = ",".join(str(side) for side in sorted(settings.long_sides))
-        self.version = f"{VERSION}:{sides}:q{settings.quality}:p{settings.pages}"
+        self.version = thumbnail_version(settings)
 
     def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
         content_type = upload["content_type"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import broker, lag, publish, run, schemas, topics, warehouse
+from docstream.cli import broker, lag, publish, replay, run, schemas, topics, warehouse
 
 app = typer.Typer(
     name="docstream",
@@ -19,6 +19,7 @@ app.command(name="publish")(publish.publish)
 run.register(app)
 warehouse.register(app)
 lag.register(app)
+replay.register(app)
 
 
 def main() -> None:
