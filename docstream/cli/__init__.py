@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import broker, lag, publish, replay, run, schemas, topics, warehouse
+from docstream.cli import broker, dlq, lag, publish, replay, run, schemas, topics, warehouse
 
 app = typer.Typer(
     name="docstream",
@@ -15,6 +15,7 @@ app = typer.Typer(
 app.add_typer(broker.app, name="broker", help="Run the local Kafka broker (KRaft, jars from Maven Central).")
 app.add_typer(topics.app, name="topics", help="Topics as code: ensure and describe the declared topics.")
 app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility checks.")
+app.add_typer(dlq.app, name="dlq", help="Dead letters: list, show and redrive them.")
 app.command(name="publish")(publish.publish)
 run.register(app)
 warehouse.register(app)

@@ -1,0 +1,27 @@
+"""Dead letters: read a group's dead-letter topic, show its records, redrive them.
+
+entries.py   the entry model, filters, record references, redrive history and headers (pure)
+reader.py    reading the dead-letter and retry topics with assigned, bounded, uncommitted reads
+redrive.py   re-publishing dead letters to the group's retry topic
+
+`docstream dlq list|show|redrive` (docstream/cli/dlq.py) is the command; docs/dead-letters.md
+explains the headers and the history.
+"""
+
+from consumers.dlq.entries import DeadLetter, Filters, Payload, RedriveStep, Ref, decode_payload
+from consumers.dlq.reader import DeadLetters, load
+from consumers.dlq.redrive import Move, plan, redrive
+
+__all__ = [
+    "DeadLetter",
+    "DeadLetters",
+    "Filters",
+    "Move",
+    "Payload",
+    "RedriveStep",
+    "Ref",
+    "decode_payload",
+    "load",
+    "plan",
+    "redrive",
+]
