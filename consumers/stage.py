@@ -53,10 +53,18 @@ class Outcomes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(self.KINDS, 0)
+        self._fresh: set[str] = set()  # keys whose result this process computed
 
-    def add(self, kind: str) -> None:
+    def add(self, kind: str, key: str = "") -> None:
         with self._lock:
             self._counts[kind] += 1
+            if kind == "computed":
+                self._fresh.add(key)
+
+    def fresh(self, key: str) -> bool:
+        """Whether this process computed the result of `key` (another document with that content)."""
+        with self._lock:
+            return key in self._fresh
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -74,9 +82,11 @@ def stage_handler(
 ) -> Handler:
     """The runtime handler of `stage`: reads `doc.uploaded` events decoded into `ctx.record`.
 
-    `emit_reused=False` (a side replay) emits no completion event for a result that existed:
-    the live group emitted it when it computed it. The live group emits it again (a redelivery
-    must not lose the completion of an effect written just before a crash).
+    `emit_reused=False` (a side replay) emits no completion event for a result that existed
+    before it started: the live group emitted it when it computed it. A result computed during
+    the replay for another document with the same content is emitted for this one too. The live
+    group emits it again (a redelivery must not lose the completion of an effect written just
+    before a crash).
     """
     counts = outcomes if outcomes is not None else Outcomes()
 
@@ -87,10 +97,10 @@ def stage_handler(
         stored = blobs.get_result(stage.name, key)  # 2.
         if stored is None:
             result, fields = stage.compute(upload, blobs.get(upload["blob_uri"]))
-            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused")
+            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused", key)
         else:
             counts.add("reused")
-            if not emit_reused:
+            if not emit_reused and not counts.fresh(key):
                 return
             fields = stage.summarise(stored)
         event = completion(stage.name, stage.version, blobs, upload, key, fields, started, clock)

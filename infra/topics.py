@@ -355,8 +355,8 @@ def _offsets(
 
 
 def _admin(admin_conf: Mapping[str, Any]) -> AdminClient:
-    with _translated("creating an admin client"):
-        return AdminClient(dict(admin_conf))
+    with _translated("creating an admin client"):  # warnings and up: its teardown logs at info level
+        return AdminClient({"log_level": 4, **admin_conf})
 
 
 def _list_topics(admin: AdminClient, timeout: float) -> dict[str, TopicMetadata]:

@@ -120,10 +120,10 @@ def embeddings_handler(
         stored = blobs.get_result(stage.name, key)
         if stored is None:
             result, fields = stage.compute(pages)
-            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused")
+            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused", key)
         else:
             counts.add("reused")
-            if not emit_reused:
+            if not emit_reused and not counts.fresh(key):
                 return
             fields = stage.summarise(stored)
         event = completion(stage.name, version, blobs, document, key, fields, started, clock)

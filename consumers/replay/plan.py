@@ -232,7 +232,9 @@ def resolve(target: Target, state: PartitionState, times: dict[TP, int] | None =
     """The target offset of one partition before clamping, and a note; times: offsets_for_times."""
     if target.kind in ("datetime", "duration"):
         found = (times or {}).get(state.tp, -1)
-        return (state.high, "no event at or after the time: log end") if found < 0 else (found, "")
+        if found >= 0:
+            return found, ""
+        return state.high, "" if state.low == state.high else "no event at or after the time: log end"
     if target.kind == "offset":
         return target.value, ""
     if target.kind == "shift":

@@ -75,8 +75,12 @@ def predict(
     codec: Codec,
     messages: Iterator[Message],
 ) -> dict[TP, Prediction]:
-    """Per partition, how the events of `messages` would fare under the stage's `version`."""
+    """Per partition, how the events of `messages` would fare under the stage's `version`.
+
+    The second event of a content in the range finds the result the first one computes.
+    """
     out: dict[TP, Prediction] = {}
+    computed: set[str] = set()
     for message in messages:
         counts = out.setdefault((str(message.topic()), int(message.partition() or 0)), Prediction())
         try:
@@ -86,9 +90,10 @@ def predict(
             continue
         if key is None:
             counts.ignored += 1
-        elif blobs.has_result(stage, key):
+        elif key in computed or blobs.has_result(stage, key):
             counts.unchanged += 1
         else:
+            computed.add(key)
             counts.recompute += 1
     return out
 

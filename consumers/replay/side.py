@@ -45,6 +45,7 @@ class SideRange:
     end: int  # exclusive: captured when the plan was made
     recompute: int | None = None
     unchanged: int | None = None
+    undecodable: int | None = None
 
     @property
     def tp(self) -> TP:
@@ -79,6 +80,7 @@ class SidePlan:
             "events": self.events,
             "recompute": _sum(self.ranges, "recompute"),
             "unchanged": _sum(self.ranges, "unchanged"),
+            "undecodable": _sum(self.ranges, "undecodable"),
             "partitions": [asdict(r) for r in self.ranges],
         }
 
@@ -158,6 +160,7 @@ def plan_side(
             counts = found.get(r.tp)
             r.recompute = counts.recompute if counts else 0
             r.unchanged = (counts.unchanged + counts.ignored) if counts else 0
+            r.undecodable = counts.undecodable if counts else 0
     return plan
 
 

@@ -227,7 +227,7 @@ def _show_plan(plan: Plan, *, executed: bool, as_json: bool) -> None:
         f"{plan.group.group_id}: {plan.state.state}{members}; target {plan.target.describe()}; "
         f"{totals['reprocess']} events to reprocess, {totals['skip']} to skip"
         + (
-            f"; under version {plan.version}: {totals['recompute']} recomputed, "
+            f"; under version {plan.version}: {totals['recompute']} to recompute, "
             f"{totals['unchanged']} unchanged (skipped)"
             if predicted
             else ""
@@ -252,24 +252,17 @@ def _show_side_plan(plan: SidePlan, *, as_json: bool) -> None:
         return
     out = Console(width=max(140, Console().width))
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("TOPIC", "PARTITION", "FROM", "UNTIL", "EVENTS", "RECOMPUTE", "UNCHANGED"):
+    for column in ("TOPIC", "PARTITION", "FROM", "UNTIL", "EVENTS", "RECOMPUTE", "UNCHANGED", "UNDECODABLE"):
         table.add_column(column, justify="left" if column == "TOPIC" else "right")
     for r in plan.ranges:
-        table.add_row(
-            r.topic,
-            str(r.partition),
-            str(r.start),
-            str(r.end),
-            str(r.events),
-            _n(r.recompute),
-            _n(r.unchanged),
-        )
+        counts = (r.recompute, r.unchanged, r.undecodable)
+        table.add_row(r.topic, str(r.partition), str(r.start), str(r.end), str(r.events), *map(_n, counts))
     out.print(table)
     totals = plan.as_dict()
     out.print(
         f"side replay {plan.side} of {plan.group.group_id}: from {totals['from']} until {totals['until']}; "
         f"{plan.events} events; under version {plan.version or '?'}: {_n(totals['recompute'])} to recompute, "
-        f"{_n(totals['unchanged'])} unchanged"
+        f"{_n(totals['unchanged'])} unchanged, {_n(totals['undecodable'])} undecodable (dead-lettered again)"
     )
 
 
