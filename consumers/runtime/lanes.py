@@ -6,8 +6,10 @@ other lanes, however many partitions there are. Each lane is one handler thread.
 
 A key is *parked* in its lane when its event went to the retry topic: the key's later events
 wait in the lane (other keys go on) until the retried event comes back from the retry topic
-and is handled, or is dead-lettered. Retried events wait for their not-before time in a heap,
-without holding up the lane either.
+and is handled, or is dead-lettered. A key waits for each of its retried events by origin
+(topic, partition, offset): another record of the key on the retry topic, such as a dead letter
+redriven by `docstream dlq redrive`, does not release it early. Retried events wait for their
+not-before time in a heap, without holding up the lane either.
 
 `Lane.process` is the lane's logic, callable directly (the unit tests do); `Lane.run` is the
 thread body around it. Handlers get the client's message as it is and a `LaneContext`; an
@@ -151,6 +153,7 @@ class Lane:
         self._clock_ms, self._report = clock_ms, report
         self._waiting: dict[Any, list[Event]] = {}  # parked key -> its events behind the retry
         self._parked_on: dict[Any, int] = {}  # parked key -> the retry partition it waits on
+        self._pending: dict[Any, set[tuple[str, int, int]]] = {}  # parked key -> origins of its retries
         self._delayed: list[tuple[int, int, Event]] = []  # (not_before_ms, seq, retried event)
         self._seq = itertools.count()
 
@@ -207,7 +210,7 @@ class Lane:
             due = event.not_before_ms()
             if due > self._clock_ms():
                 heapq.heappush(self._delayed, (due, next(self._seq), event))
-                self._park(key, event.raw.partition())  # later events of the key wait for it
+                self._park(key, event.raw.partition(), event.origin[:3])  # later events wait for it
                 return
         elif key in self._waiting:
             self._waiting[key].append(event)
@@ -246,7 +249,8 @@ class Lane:
             else:
                 settled[segment] = settled.get(segment, 0) + 1
             if via_retry:
-                self._release(ctx.held().ordering_key, report)
+                held = ctx.held()
+                self._release(held.ordering_key, report, held.origin[:3])
 
     def _handle_event(self, event: Event, report: LaneReport) -> None:
         self._handle(((event.raw, event.segment, event),), event.via_retry, report)
@@ -254,16 +258,24 @@ class Lane:
     def _failed(self, event: Event, error: BaseException, trace: str, report: LaneReport) -> None:
         key = event.ordering_key
         if self._reroute(event, error, trace) is Route.RETRY and self._parks_retries(event):
-            self._park(key, event.origin[1])
+            self._park(key, event.origin[1], event.origin[:3])
         elif event.via_retry:
-            self._release(key, report)
+            self._release(key, report, event.origin[:3])
 
-    def _park(self, key: Any, retry_partition: int) -> None:
+    def _park(self, key: Any, retry_partition: int, origin: tuple[str, int, int]) -> None:
         self._waiting.setdefault(key, [])
         self._parked_on[key] = retry_partition
+        self._pending.setdefault(key, set()).add(origin)
 
-    def _release(self, key: Any, report: LaneReport) -> None:
-        """The retried event of `key` is done: its waiting events run now, in order."""
+    def _release(self, key: Any, report: LaneReport, origin: tuple[str, int, int] | None = None) -> None:
+        """The retried event `origin` of `key` is done (None: every one): once none is pending,
+        the key's waiting events run, in order."""
+        pending = self._pending.get(key)
+        if pending is not None and origin is not None:
+            pending.discard(origin)
+            if pending:
+                return  # another retried event of the key is still out
+        self._pending.pop(key, None)
         self._parked_on.pop(key, None)
         for event in self._waiting.pop(key, ()):
             self._offer(event, report)
@@ -272,6 +284,7 @@ class Lane:
         key = event.ordering_key
         waiting = self._waiting.pop(key, [])
         self._parked_on.pop(key, None)
+        self._pending.pop(key, None)
         self._handle_event(event, report)
         for later in waiting:
             self._offer(later, report)

@@ -54,6 +54,7 @@ class Harness:
         self.rerouted: list[tuple[bytes, Route]] = []
         self.fail = fail or {}
         self.segment = Segment(("doc.uploaded", 0))
+        self.retry_offset = -1
         context = LaneContext(producer=None, on_ack=lambda *a: None)
         self.lane = Lane(
             self.handle, None, context, self.reroute, lambda e: parks, lambda: self.now, lambda r: None
@@ -73,9 +74,19 @@ class Harness:
     def message(self, key: bytes, value: bytes, offset: int) -> Item:
         return (FakeRaw(key, value, offset), self.segment, False)
 
-    def retried(self, key: bytes, value: bytes, offset: int, not_before: int) -> Item:
-        headers = hdr.encode({hdr.ATTEMPT: 2, hdr.NOT_BEFORE_MS: not_before, hdr.ORIGINAL_PARTITION: 0})
-        raw = FakeRaw(key, value, offset, topic_="g.retry", headers_=headers)  # type: ignore[arg-type]
+    def retried(self, key: bytes, value: bytes, offset: int, not_before: int, attempt: int = 2) -> Item:
+        """A retry-topic record of the event first published at doc.uploaded[0]@offset."""
+        headers = hdr.encode(
+            {
+                hdr.ATTEMPT: attempt,
+                hdr.NOT_BEFORE_MS: not_before,
+                hdr.ORIGINAL_TOPIC: "doc.uploaded",
+                hdr.ORIGINAL_PARTITION: 0,
+                hdr.ORIGINAL_OFFSET: offset,
+            }
+        )
+        self.retry_offset += 1
+        raw = FakeRaw(key, value, self.retry_offset, topic_="g.retry", headers_=headers)  # type: ignore[arg-type]
         return (raw, Segment(("g.retry", 0)), True)
 
     def process(self, *items: Item) -> LaneReport:
@@ -105,6 +116,17 @@ def test_a_retried_key_is_parked_and_its_later_events_wait_while_others_go_on() 
     h.lane.process(Chunk())
     assert h.handled == [b"o-1", b"k-1", b"k-2", b"k-3"]
     assert h.lane.parked_keys == set()
+
+
+def test_a_redriven_record_of_a_parked_key_does_not_release_it_before_its_own_retry() -> None:
+    h = Harness(fail={b"k-5": TransientError("busy")})
+    h.process(h.message(b"k", b"k-5", 5), h.message(b"k", b"k-6", 6))
+    assert h.lane.parked_keys == {b"k"} and h.handled == []
+    h.process(h.retried(b"k", b"k-1", 1, not_before=0, attempt=1))  # an older event, redriven
+    assert h.handled == [b"k-1"]
+    assert h.lane.parked_keys == {b"k"}, "k-6 still waits for the retry of k-5"
+    h.process(h.retried(b"k", b"k-5", 5, not_before=0))
+    assert h.handled == [b"k-1", b"k-5", b"k-6"] and h.lane.parked_keys == set()
 
 
 def test_a_dead_lettered_event_does_not_park_its_key() -> None:
