@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -112,6 +113,16 @@ def test_a_replay_to_a_datetime_reprocesses_exactly_the_events_after_it(
     recorder.run(15)
     assert sorted(recorder.seen) == sorted(f"e{i}" for i in range(15, 30))  # exactly those, once each
     assert recorder.committed() == recorder.ends()
+
+    env = {"KAFKA_BOOTSTRAP_SERVERS": recorder.bootstrap}
+    cli = ["replay", "-g", recorder.group, "-t", recorder.topic, "--to-datetime", "2026-09-21T14:13:35Z"]
+    dry = CliRunner().invoke(app, [*cli, "--json"], env=env)  # BASE_MS + 15 s, as the CLI takes it
+    assert dry.exit_code == 0, dry.output
+    shown = json.loads(dry.stdout)
+    assert (shown["reprocess"], shown["executed"], shown["state"]) == (15, False, "EMPTY")
+    assert recorder.committed() == recorder.ends()  # a dry run moves nothing
+    wrong = CliRunner().invoke(app, [*cli, "--to-earliest"], env=env)
+    assert wrong.exit_code == 2 and "exactly one target" in wrong.output
 
     late = plan_in_place(settings, group, Target("datetime", BASE_MS + 3_600_000))  # past the last event
     assert [row.target for row in late.rows] == [row.high for row in late.rows]
