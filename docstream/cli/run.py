@@ -38,7 +38,7 @@ from consumers.autoscaler import (
     worker_command,
 )
 from consumers.exporter import serve_exporter
-from consumers.groups import WORKER_GROUPS, build_sink, build_worker
+from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
 from consumers.lag import LagMonitor, offset_lag, scaling_config
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
@@ -227,11 +227,16 @@ class _ConsoleLog(logging.Handler):
 def worker(name: str = typer.Argument(..., help=f"one of {', '.join(WORKER_GROUPS)}")) -> None:
     """Run one worker of a group until SIGTERM / SIGINT (graceful: finish, commit, leave)."""
     s = settings()
-    member = build_worker(name, s)
+    options = WorkerOptions()
+    member = build_worker(name, s, options)
     member.install_signal_handlers()
     console.print(f"worker {name}: group {member.group_id}, topics {', '.join(member.topics)}")
     stats = member.run()
-    console.print(f"worker {name} stopped: {stats.handled} handled, {stats.dead_lettered} dead-lettered")
+    done = options.outcomes.snapshot()  # after an in-place replay: what was recomputed, what skipped
+    console.print(
+        f"worker {name} stopped: {stats.handled} handled ({done['computed']} computed, {done['reused']} "
+        f"unchanged results reused, {done['ignored']} not applicable), {stats.dead_lettered} dead-lettered"
+    )
 
 
 @reports_errors
