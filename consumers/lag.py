@@ -538,6 +538,7 @@ class LagMonitor:
         self._partitions: dict[str, tuple[int, ...]] = {}  # topic -> partition numbers
         self._absent: dict[str, float] = {}  # topics that did not exist (monotonic time)
         self._metadata_at = -math.inf
+        self._coordinated: set[str] = set()  # groups whose coordinator answered a consumer
 
     @classmethod
     def from_settings(
@@ -573,6 +574,9 @@ class LagMonitor:
             targets = self._current_targets()
             ids = [t.group for t in targets]
             timeout = self.request_timeout_s
+            for target in targets:
+                if target.group not in self._coordinated:
+                    self._await_coordinator(target)
             described = self._admin.describe_consumer_groups(ids, request_timeout=timeout) if ids else {}
             offset_futures = {
                 g: self._admin.list_consumer_group_offsets(
@@ -588,6 +592,7 @@ class LagMonitor:
             }
             partitions_of = self._topic_partitions({topic for ts in topics_of.values() for topic in ts})
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            self._coordinated.clear()  # a coordinator may have moved: ask through a consumer again
             raise KafkaError(
                 f"cannot read consumer groups from the cluster at {self._bootstrap}: {exc or 'timed out'}"
             ) from exc
@@ -644,6 +649,31 @@ class LagMonitor:
     @property
     def _bootstrap(self) -> str:
         return str(self.connection.get("bootstrap.servers", "?"))
+
+    def _await_coordinator(self, target: GroupTarget) -> None:
+        """Let a consumer of the group fetch an offset before the admin client asks for its offsets.
+
+        An AdminClient's ListConsumerGroupOffsets that gets NOT_COORDINATOR (a broker that has just
+        started, a coordinator still loading) crashes the process: librdkafka then dereferences the
+        admin client's missing consumer group (confluentinc/librdkafka#5040). A consumer's
+        OffsetFetch goes through its own group handle and waits for the coordinator instead; once
+        it answered, the admin call finds the coordinator ready. Done once per group, and again
+        after a sample failed. Raises KafkaException when the coordinator does not answer.
+        """
+        topic = target.topics[0] if target.topics else "__consumer_offsets"
+        consumer = Consumer(
+            {
+                **self.connection,
+                "group.id": target.group,
+                "enable.auto.commit": False,
+                "logger": _LIBRDKAFKA_LOG,
+            }
+        )
+        try:
+            consumer.committed([TopicPartition(topic, 0)], timeout=self.request_timeout_s)
+        finally:
+            consumer.close()
+        self._coordinated.add(target.group)
 
     def _current_targets(self) -> list[GroupTarget]:
         if not self.all_groups:
