@@ -138,6 +138,7 @@ def completion(
         "computed_at": completed_at if computed_at is None else computed_at,
         "processing_ms": int((clock() - started) * 1000),
         "upload_at": document.get("uploaded_at", document.get("upload_at")),
+        "content_type": document.get("content_type"),  # an older doc.ocr.done has none: None
         **fields,
     }
 

@@ -107,7 +107,11 @@ def upload_from_record(record: Mapping[str, Any]) -> Upload:
 
 
 def completion_from_record(record: Mapping[str, Any], content_type: str | None = None) -> Completion:
-    """The `Completion` of a decoded doc.ocr.done, doc.embedded or doc.thumbnailed record."""
+    """The `Completion` of a decoded doc.ocr.done, doc.embedded or doc.thumbnailed record.
+
+    Completion events carry the upload's content type since their versions with `computed_at`;
+    an older one has none, and waits for its upload's (`Rollups.add_completion`).
+    """
     return Completion(
         stage=record["stage"],
         document_id=record["document_id"],
@@ -116,7 +120,7 @@ def completion_from_record(record: Mapping[str, Any], content_type: str | None =
         upload_at_ms=epoch_ms(record["upload_at"]),
         completed_at_ms=epoch_ms(record["completed_at"]),
         pages=record.get("pages"),
-        content_type=content_type,
+        content_type=content_type or record.get("content_type"),
     )
 
 

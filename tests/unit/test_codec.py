@@ -51,6 +51,7 @@ def completion(stage: str) -> dict[str, Any]:
         "processing_ms": 2_900,
         "upload_at": UPLOADED_AT,
         "computed_at": UPLOADED_AT + timedelta(seconds=2),
+        "content_type": "application/pdf",
     }
 
 
@@ -141,6 +142,7 @@ def test_a_process_that_lacks_the_writer_schema_cannot_decode() -> None:
         old_producer.decode(topology.DOC_UPLOADED, data, coordinates="doc.uploaded[0]@7")
 
 
+NEW_FIELDS = ("computed_at", "content_type")  # added to the completion events together
 COMPLETION_EVENTS = {  # event type -> the version before `computed_at`
     topology.OCR_DONE: 1,
     topology.EMBEDDED: 1,
@@ -151,11 +153,11 @@ COMPLETION_EVENTS = {  # event type -> the version before `computed_at`
 @pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
 def test_completion_events_before_computed_at_still_decode_with_it_null(event_type: str) -> None:
     old = catalog().get(event_type, COMPLETION_EVENTS[event_type])
-    record = {k: v for k, v in RECORDS[event_type].items() if k != "computed_at"}
+    record = {k: v for k, v in RECORDS[event_type].items() if k not in NEW_FIELDS}
     before = Catalog(catalog().versions(event_type)[: old.version])  # a worker not yet upgraded
     data = SingleObjectCodec(before).encode(event_type, record)
     assert peek_fingerprint(data) == old.fingerprint
-    assert codec.decode(event_type, data) == record | {"computed_at": None}
+    assert codec.decode(event_type, data) == record | dict.fromkeys(NEW_FIELDS)
 
 
 @pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
@@ -169,7 +171,7 @@ def test_computed_at_round_trips_and_older_readers_skip_it(event_type: str) -> N
     unknown = codec.encode(event_type, RECORDS[event_type] | {"computed_at": None})
     assert codec.decode(event_type, unknown)["computed_at"] is None
     older = codec.decode(event_type, data, reader_version=COMPLETION_EVENTS[event_type])
-    assert older == {k: v for k, v in RECORDS[event_type].items() if k != "computed_at"}
+    assert older == {k: v for k, v in RECORDS[event_type].items() if k not in NEW_FIELDS}
 
 
 def test_unknown_reader_version_is_a_schema_error() -> None:

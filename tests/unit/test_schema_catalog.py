@@ -119,7 +119,7 @@ def test_unknown_event_type_and_version_are_schema_errors() -> None:
     ("event_type", "versions"),
     [(topology.OCR_DONE, [1, 2]), (topology.EMBEDDED, [1, 2]), (topology.THUMBNAILED, [1, 2, 3])],
 )
-def test_the_latest_completion_events_add_a_nullable_computed_at(
+def test_the_latest_completion_events_add_a_nullable_computed_at_and_content_type(
     event_type: str, versions: list[int]
 ) -> None:
     found = catalog().versions(event_type)
@@ -127,7 +127,8 @@ def test_the_latest_completion_events_add_a_nullable_computed_at(
     before = {f["name"] for f in found[-2].definition["fields"]}
     added = [f for f in found[-1].definition["fields"] if f["name"] not in before]
     assert [(f["name"], f["type"], f["default"]) for f in added] == [
-        ("computed_at", ["null", {"type": "long", "logicalType": "timestamp-millis"}], None)
+        ("computed_at", ["null", {"type": "long", "logicalType": "timestamp-millis"}], None),
+        ("content_type", ["null", "string"], None),
     ]
 
 

@@ -130,6 +130,25 @@ def test_a_completion_read_before_its_upload_waits_for_its_content_type() -> Non
     }
 
 
+def test_a_completion_that_carries_its_content_type_needs_no_upload() -> None:
+    record = {
+        "stage": "ocr",
+        "document_id": "d1",
+        "tenant": "acme",
+        "idempotency_key": "k" * 64,
+        "upload_at": datetime.fromtimestamp(1, tz=UTC),
+        "completed_at": datetime.fromtimestamp(5, tz=UTC),
+        "pages": 2,
+        "content_type": "image/png",  # completion events carry it since their computed_at versions
+    }
+    table = RollupTable([MINUTE_MS])
+    table.add_completion(completion_from_record(record))
+    [rollup] = table.closed(watermark_ms=MINUTE_MS)  # no upload read: filed at once, not as unknown
+    assert (rollup.content_type, rollup.pages) == ("image/png", 2)
+    older = completion_from_record({k: v for k, v in record.items() if k != "content_type"})
+    assert older.content_type is None  # an older event still waits for its upload
+
+
 def test_a_waiting_completion_is_filed_under_unknown_when_its_window_closes() -> None:
     table = RollupTable([MINUTE_MS, HOUR_MS])
     table.add_completion(completion("d1", "ocr", 1_000, 5_000, pages=2))
