@@ -8,23 +8,20 @@ cluster. Records dead-lettered after the start are not read; the next command se
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import confluent_kafka as ck
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.dlq.entries import DeadLetter, Ref, redriven_sources
 from consumers.runtime import headers as hdr
 from docstream.errors import ConfigurationError, KafkaError
+from docstream.ranges import read_ranges, reader_config
 from docstream.topology import dead_letter_topic, retry_topic
 
 Progress = Callable[[str, int, int], None]  # (topic, records read, records to read)
 METADATA_TIMEOUT_S = 15.0
-STALL_TIMEOUT_S = 30.0  # no record for this long while some are still due: the read fails
 
 
 @dataclass(frozen=True)
@@ -75,22 +72,6 @@ class DeadLetters:
         raise ConfigurationError(f"no dead letter at {ref}: {where}")
 
 
-def reader_config(connection: dict[str, Any]) -> dict[str, Any]:
-    """A consumer that reads assigned partitions and leaves no offsets behind."""
-    conf = dict(connection)
-    conf.update(
-        {
-            "group.id": f"docstream-dlq-reader-{uuid.uuid4().hex}",  # never joined: assign() only
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",  # a low watermark that moved on (retention) reads on
-            "enable.partition.eof": True,
-            "allow.auto.create.topics": False,
-        }
-    )
-    return conf
-
-
 def topic_partitions(consumer: Any, timeout: float = METADATA_TIMEOUT_S) -> dict[str, int]:
     """Partition counts of the cluster's topics."""
     try:
@@ -126,48 +107,20 @@ def read_spans(
 def _records(
     consumer: Any, topic: str, spans: list[PartitionSpan], progress: Progress | None
 ) -> Iterator[Any]:
-    due = {s.partition: s for s in spans if s.count}
-    total, read = sum(s.count for s in due.values()), 0
-    if not due:
-        return
-    consumer.assign([TopicPartition(topic, s.partition, s.low) for s in due.values()])
-    last = time.monotonic()
+    ranges = {(topic, s.partition): (s.low, s.high) for s in spans}
+    total, read = sum(s.count for s in spans), 0
+    if not total:
+        return iter(())
     if progress:
         progress(topic, 0, total)
-    try:
-        while due:
-            first = consumer.poll(0.5)  # consume(n, timeout) would wait for all n, or the timeout
-            batch = [] if first is None else [first, *consumer.consume(999, 0)]
-            if batch:
-                last = time.monotonic()
-            elif time.monotonic() - last > STALL_TIMEOUT_S:
-                left = ", ".join(f"[{p}] up to {s.high}" for p, s in sorted(due.items()))
-                raise KafkaError(
-                    f"reading {topic} stalled for {STALL_TIMEOUT_S:.0f} s with records due: {left}"
-                )
-            for message in batch:
-                error = message.error()
-                if error is not None:
-                    if error.code() == ck.KafkaError._PARTITION_EOF:
-                        due.pop(message.partition(), None)  # past the end: gaps, control records
-                        continue
-                    if error.fatal() or not error.retriable():
-                        raise KafkaError(f"reading {topic} failed: {error}")
-                    continue
-                span = due.get(message.partition())
-                if span is None:
-                    continue
-                if message.offset() >= span.high:  # dead-lettered after the start
-                    del due[span.partition]
-                    continue
-                read += 1
-                yield message
-                if message.offset() >= span.high - 1:
-                    del due[span.partition]
-            if progress:
-                progress(topic, read, total)
-    finally:
-        consumer.unassign()
+
+    def on_batch(n: int) -> None:
+        nonlocal read
+        read += n
+        if progress:
+            progress(topic, read, total)
+
+    return read_ranges(consumer, ranges, on_batch)
 
 
 def load(
@@ -181,7 +134,7 @@ def load(
     the dead-letter topic does not exist.
     """
     dlq, retries = dead_letter_topic(group), retry_topic(group)
-    consumer = Consumer(reader_config(connection))
+    consumer = Consumer(reader_config(connection, "dlq-reader"))
     try:
         topics = topic_partitions(consumer)
         if dlq not in topics:

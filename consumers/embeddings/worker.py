@@ -29,7 +29,10 @@ from schemas.codec import Codec
 Pages = list[tuple[int, str]]  # (page number, text)
 
 
-def embeddings_version(model_version: str, max_words: int = 120, overlap: int = 20) -> str:
+MAX_WORDS, OVERLAP = 120, 20  # the chunking: words per chunk, words shared by neighbours
+
+
+def embeddings_version(model_version: str, max_words: int = MAX_WORDS, overlap: int = OVERLAP) -> str:
     """The embeddings stage's version: the model (name and file hash) and the chunking."""
     return f"{model_version}:chunks{max_words}/{overlap}"
 
@@ -41,7 +44,12 @@ class EmbeddingStage:
     result_event = "doc.embedded"
 
     def __init__(
-        self, model: EmbeddingModel, *, max_words: int = 120, overlap: int = 20, result_topic: str = EMBEDDED
+        self,
+        model: EmbeddingModel,
+        *,
+        max_words: int = MAX_WORDS,
+        overlap: int = OVERLAP,
+        result_topic: str = EMBEDDED,
     ) -> None:
         self._model, self._max_words, self._overlap = model, max_words, overlap
         self.result_topic = result_topic

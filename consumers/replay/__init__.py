@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from consumers.replay.offsets import GroupState, Offsets
-from consumers.replay.plan import TP, PartitionState, PlanRow, Target, make_plan
+from consumers.replay.plan import TP, PlanRow, Target, make_plan, total
 from consumers.replay.predict import Prediction, predict, read_ranges
 from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
@@ -62,15 +62,10 @@ class Plan:
             "partitions": [row.as_dict() for row in self.rows],
             "reprocess": sum(row.reprocess for row in self.rows),
             "skip": sum(row.skip for row in self.rows),
-            "recompute": _total(self.rows, "recompute"),
-            "unchanged": _total(self.rows, "unchanged"),
+            "recompute": total(self.rows, "recompute"),
+            "unchanged": total(self.rows, "unchanged"),
             "notes": self.notes,
         }
-
-
-def _total(rows: Sequence[PlanRow], name: str) -> int | None:
-    values = [getattr(row, name) for row in rows]
-    return None if any(v is None for v in values) else sum(values)
 
 
 def resolve_group(name: str, settings: Settings, topics: Sequence[str] | None = None) -> GroupRef:
@@ -111,8 +106,9 @@ def plan_in_place(
     rows = make_plan(target, states, times)
     plan = Plan(group, target, state, rows)
     if predicted and group.stage:
-        ranges = {(r.topic, r.partition): (r.target, _current(r, states)) for r in rows}
-        plan.version, found = _prediction(settings, group.stage, ranges, on_read)
+        # Where the group reads next is derived from the row: target + re-read - skipped.
+        ranges = {(r.topic, r.partition): (r.target, r.target + r.reprocess - r.skip) for r in rows}
+        plan.version, found = predict_ranges(settings, group.stage, ranges, on_read)
         plan.rows = [_predicted(row, found) for row in rows]
     return plan
 
@@ -124,14 +120,7 @@ def execute_in_place(settings: Settings, plan: Plan) -> None:
         offsets.apply(plan.group.group_id, plan.rows)
 
 
-def _current(row: PlanRow, states: list[PartitionState]) -> int:
-    for state in states:
-        if state.tp == (row.topic, row.partition):
-            return state.current
-    return row.target
-
-
-def _prediction(
+def predict_ranges(
     settings: Settings, stage: str, ranges: dict[TP, tuple[int, int]], on_read: Callable[[int], None] | None
 ) -> tuple[str, dict[TP, Prediction]]:
     from consumers.groups import stage_version

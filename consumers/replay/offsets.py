@@ -76,8 +76,7 @@ class Offsets:
         try:
             description = future.result(timeout=TIMEOUT_S)
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if getattr(error, "code", lambda: None)() == KafkaError.GROUP_ID_NOT_FOUND:
+            if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
                 return GroupState(group, "DEAD", ())
             raise DocstreamKafkaError(f"cannot describe group {group}: {exc}", retriable=True) from exc
         state = getattr(description.state, "name", str(description.state))
@@ -105,8 +104,7 @@ class Offsets:
             try:
                 future.result(timeout=TIMEOUT_S)
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if getattr(error, "code", lambda: None)() != KafkaError.GROUP_ID_NOT_FOUND:
+                if _code(exc) != KafkaError.GROUP_ID_NOT_FOUND:
                     raise DocstreamKafkaError(f"cannot delete group {group}: {exc}") from exc
 
     # -- partitions --------------------------------------------------------------------------
@@ -178,8 +176,7 @@ class Offsets:
         try:
             result = future.result(timeout=TIMEOUT_S)
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if getattr(error, "code", lambda: None)() in (
+            if _code(exc) in (
                 KafkaError.UNKNOWN_MEMBER_ID,
                 KafkaError.REBALANCE_IN_PROGRESS,
                 KafkaError.ILLEGAL_GENERATION,
@@ -198,3 +195,9 @@ class Offsets:
     @property
     def _bootstrap(self) -> str:
         return str(self._connection.get("bootstrap.servers", "the cluster"))
+
+
+def _code(exc: KafkaException) -> Any:
+    """The librdkafka error code an exception carries (None when it carries none)."""
+    code = getattr(exc.args[0], "code", None) if exc.args else None
+    return code() if callable(code) else None

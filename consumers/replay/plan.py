@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -283,6 +284,12 @@ def make_plan(
                 f"the offsets file names partitions the group does not read: {', '.join(missing)}"
             )
     return [plan_row(target, s, times) for s in sorted(states, key=lambda s: s.tp)]
+
+
+def total(items: Iterable[Any], name: str) -> int | None:
+    """The sum of a predicted count over rows or ranges; None when it was not predicted."""
+    values = [getattr(item, name) for item in items]
+    return None if any(v is None for v in values) else sum(values)
 
 
 def format_ms(ms: int) -> str:

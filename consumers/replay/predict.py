@@ -8,17 +8,18 @@ skipped as unchanged. Events that cannot be decoded are counted apart: they woul
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message
 
 from consumers.replay.plan import TP
 from docstream.blobstore import BlobStore
 from docstream.errors import DocstreamError
 from docstream.idempotency import idempotency_key
+from docstream.ranges import read_ranges as ranges_of
+from docstream.ranges import reader_config
 from docstream.topology import OCR_DONE
 from schemas.codec import Codec
 
@@ -37,33 +38,9 @@ def read_ranges(
     connection: dict[str, Any], ranges: Ranges, on_progress: Callable[[int], None] | None = None
 ) -> Iterator[Message]:
     """Every record of each [start, end) range, read without a group; stops at the ends."""
-    todo = {tp: span for tp, span in ranges.items() if span[0] < span[1]}
-    if not todo:
-        return
-    reader = Consumer(
-        {
-            **connection,
-            "group.id": f"docstream-replay-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
+    reader = Consumer(reader_config(connection, "replay-reader"))
     try:
-        reader.assign([TopicPartition(t, p, start) for (t, p), (start, _) in todo.items()])
-        while todo:
-            for message in reader.consume(500, 1.0):
-                tp = (str(message.topic()), int(message.partition() or 0))
-                if tp not in todo:
-                    continue
-                end, offset = todo[tp][1], int(message.offset() or 0)
-                if message.error() is None and offset < end:
-                    if on_progress:
-                        on_progress(1)
-                    yield message
-                position = offset + 1 if message.error() is None else offset
-                if position >= end:
-                    del todo[tp]
-                    reader.incremental_unassign([TopicPartition(*tp)])
+        yield from ranges_of(reader, ranges, on_progress)
     finally:
         reader.close()
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from consumers.replay import STAGE_GROUPS, GroupRef, _prediction
+from consumers.replay import STAGE_GROUPS, GroupRef, predict_ranges
 from consumers.replay.offsets import Offsets
-from consumers.replay.plan import TP, PartitionState, Target, format_ms, resolve
+from consumers.replay.plan import TP, PartitionState, Target, format_ms, resolve, total
 from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
@@ -78,9 +78,9 @@ class SidePlan:
             "until": self.until.describe() if self.until else "log end at start",
             "version": self.version,
             "events": self.events,
-            "recompute": _sum(self.ranges, "recompute"),
-            "unchanged": _sum(self.ranges, "unchanged"),
-            "undecodable": _sum(self.ranges, "undecodable"),
+            "recompute": total(self.ranges, "recompute"),
+            "unchanged": total(self.ranges, "unchanged"),
+            "undecodable": total(self.ranges, "undecodable"),
             "partitions": [asdict(r) for r in self.ranges],
         }
 
@@ -107,11 +107,6 @@ class SideReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"rate_per_s": round(self.rate, 2)}
-
-
-def _sum(ranges: list[SideRange], name: str) -> int | None:
-    values = [getattr(r, name) for r in ranges if r.events]
-    return None if any(v is None for v in values) else sum(values)
 
 
 def plan_side(
@@ -155,7 +150,7 @@ def plan_side(
     plan = SidePlan(group, side, start, until, ranges, others)
     if predicted:
         spans = {r.tp: (r.start, r.end) for r in ranges}
-        plan.version, found = _prediction(settings, group.stage, spans, on_read)
+        plan.version, found = predict_ranges(settings, group.stage, spans, on_read)
         for r in ranges:
             counts = found.get(r.tp)
             r.recompute = counts.recompute if counts else 0
@@ -175,7 +170,7 @@ def run_side(
 ) -> SideReport:
     """Run the side replay to the end of its ranges (or until `stop` is set) and report."""
     from consumers.groups import WorkerOptions, build_worker, stage_version
-    from infra.topics import delete_topics, ensure_topics
+    from infra.topics import ensure_topics
 
     assert plan.group.stage is not None  # plan_side refuses other groups
     live = plan.group.group_id
@@ -211,7 +206,7 @@ def run_side(
             stats = worker.run(until=progress.done)
     finally:
         if not keep:
-            _clean_up(connection, side_group, side_retry, delete_topics)
+            _clean_up(connection, side_group, side_retry)
     outcomes = options.outcomes.snapshot()
     return SideReport(
         group=live,
@@ -299,7 +294,7 @@ class _Progress:
         return all(positions.get(tp, 0) >= self._probe.watermarks(tp)[1] for tp in self._retry_tps)
 
 
-def _clean_up(connection: dict[str, Any], side_group: str, side_retry: str, delete_topics: Any) -> None:
+def _clean_up(connection: dict[str, Any], side_group: str, side_retry: str) -> None:
     """Delete the side group (and its retry reader's) and the run's retry topic; a group that has
     not finished leaving yet is retried for a few seconds."""
     with Offsets(connection) as offsets:
@@ -311,6 +306,8 @@ def _clean_up(connection: dict[str, Any], side_group: str, side_retry: str, dele
                 if attempt == 9:
                     raise
                 time.sleep(0.5)
+    from infra.topics import delete_topics
+
     delete_topics(connection, [side_retry])
 
 
