@@ -4,19 +4,36 @@ Content is stored under its sha256 (the same content is stored once); a stage re
 stored under its idempotency key, written atomically (to a temporary name, then moved), and
 only if absent, so a repeated computation never produces a second effect. `result_time`
 says when a result was written: when it was computed, however often it is read back later.
+
+A URI that comes from an event is untrusted. `resolve` turns it into a path only when it names an
+object inside this store: the store's own scheme, a canonical absolute path (no `..`, `.`, `//`,
+percent-escapes, query or fragment) under the root, and, on a local disk, no symlink leading out
+of the root; anything else raises `UnsafeReferenceError` before a byte is read. Every read goes
+through it. `get_document` also hashes what it read and refuses bytes whose sha256 or size is
+not the event's (`ContentMismatchError`), reading at most the announced size plus one byte.
+
+On a local disk, the store is private to the service's user: folders are created 0700, objects
+0600, and a root that others can read is closed at start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import posixpath
+import stat
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import fsspec
 
-from docstream.errors import BlobStoreError
+from docstream.errors import BlobStoreError, ContentMismatchError, UnsafeReferenceError
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+_UNSAFE_CHARS = frozenset("%?#\\\x00")
 
 
 @dataclass(frozen=True)
@@ -32,20 +49,51 @@ class BlobStore:
 
     def __init__(self, url: str) -> None:
         self._fs, root = fsspec.core.url_to_fs(url)
-        self._root = root.rstrip("/")
-        self._protocol = self._fs.protocol if isinstance(self._fs.protocol, str) else self._fs.protocol[0]
+        protocols = (self._fs.protocol,) if isinstance(self._fs.protocol, str) else tuple(self._fs.protocol)
+        self._protocol = protocols[0]
+        self._local = self._protocol in ("file", "local")
+        # The schemes a URI of this store may carry (`uri` writes file:// for a local folder).
+        self._schemes = frozenset({"file"} if self._local else protocols)
         try:
-            self._fs.makedirs(self._root, exist_ok=True)
+            if self._local:
+                root = os.path.realpath(root)  # symlinks in the root itself are the operator's
+                os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)
+                _make_private(root)
+            else:
+                self._fs.makedirs(root.rstrip("/"), exist_ok=True)
         except OSError as exc:
             raise BlobStoreError(f"cannot create blob store root {url}: {exc}") from exc
+        self._root = root.rstrip("/") or "/"
 
     def uri(self, path: str) -> str:
         """A full URL of an object in this store (`file:///...` for a local folder)."""
         protocol = "file" if self._protocol in ("file", "local") else self._protocol
         return f"{protocol}://{self._root}/{path}"
 
-    def _path(self, uri: str) -> str:
-        return uri.split("://", 1)[1] if "://" in uri else uri
+    def resolve(self, uri: str) -> str:
+        """The path of the object `uri` names inside this store; UnsafeReferenceError otherwise.
+
+        Nothing is read: the check is on the text, and on a local disk on where its symlinks lead.
+        """
+        scheme, sep, path = uri.partition("://") if isinstance(uri, str) else ("", "", "")
+        if not sep or scheme not in self._schemes:
+            raise UnsafeReferenceError(
+                f"{uri!r} is not a {'/'.join(sorted(self._schemes))}:// URI of the blob store {self._root}"
+            )
+        if any(c in _UNSAFE_CHARS or ord(c) < 0x20 for c in path):
+            raise UnsafeReferenceError(f"{uri!r}: escapes, queries and control characters are refused")
+        absolute = path if path.startswith("/") or not self._local else "/" + path
+        if posixpath.normpath(absolute) != absolute or "//" in absolute:
+            raise UnsafeReferenceError(
+                f"{uri!r} is not a canonical path (no '..', '.', '//' or trailing '/')"
+            )
+        if not absolute.startswith(self._root.rstrip("/") + "/"):
+            raise UnsafeReferenceError(f"{uri!r} is outside the blob store {self._root}")
+        if self._local:
+            real = os.path.realpath(absolute)
+            if not real.startswith(self._root.rstrip("/") + "/"):
+                raise UnsafeReferenceError(f"{uri!r} leads outside the blob store {self._root} (a symlink)")
+        return absolute
 
     def put_content(self, data: bytes) -> StoredContent:
         """Store document bytes under content/<aa>/<sha256>, once per distinct content."""
@@ -93,13 +141,37 @@ class BlobStore:
         except (OSError, ValueError, TypeError) as exc:
             raise BlobStoreError(f"cannot read the time of {path}: {exc}") from exc
 
-    def get(self, uri: str) -> bytes:
+    def get(self, uri: str, *, limit: int | None = None) -> bytes:
+        """The bytes of the object `uri` names in this store (at most `limit` of them)."""
+        path = self.resolve(uri)
         try:
-            with self._fs.open(self._path(uri), "rb") as f:
-                data: bytes = f.read()
+            with self._fs.open(path, "rb") as f:
+                data: bytes = f.read() if limit is None else f.read(limit)
                 return data
         except (OSError, ValueError) as exc:
             raise BlobStoreError(f"cannot read {uri}: {exc}") from exc
+
+    def get_document(self, uri: str, sha256: str, size: int) -> bytes:
+        """A document's bytes, when `uri` is in the store's content area and what it holds has the
+        announced sha256 and size; ContentMismatchError (both hashes in its message) otherwise."""
+        if not self.resolve(uri).startswith(f"{self._root.rstrip('/')}/content/"):
+            raise UnsafeReferenceError(f"{uri!r} is not in the content area of the blob store {self._root}")
+        data = self.get(uri, limit=size + 1)
+        if len(data) != size:
+            more = "more than " if len(data) > size else ""
+            raise ContentMismatchError(f"{uri} holds {more}{len(data)} bytes, the event says {size}")
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            raise ContentMismatchError(f"{uri} hashes to sha256 {actual}, the event says {sha256}")
+        return data
+
+    def get_result_at(self, stage: str, key: str, uri: str, suffix: str = "json") -> bytes:
+        """The result object of `stage` under `key`, read from `uri` only when `uri` is where this
+        store keeps it (an event's result_uri must name its own idempotency key's object)."""
+        expected = self.uri(self.result_path(stage, key, suffix))
+        if uri != expected:
+            raise UnsafeReferenceError(f"{uri!r} is not the {stage} result object of key {key} ({expected})")
+        return self.get(uri)
 
     @staticmethod
     def _link_once(tmp: str, final: str) -> bool:
@@ -119,17 +191,37 @@ class BlobStore:
             if self._fs.exists(final):
                 return False
             parent = final.rsplit("/", 1)[0]
-            self._fs.makedirs(parent, exist_ok=True)
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+            if self._local:
+                _makedirs_private(self._root, parent)
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
+                    f.write(data)
+                return self._link_once(tmp, final)
+            self._fs.makedirs(parent, exist_ok=True)
             with self._fs.open(tmp, "wb") as f:
                 f.write(data)
-            if self._protocol in ("file", "local"):
-                return self._link_once(tmp, final)
             # Object stores make a put visible atomically (last writer wins, same content).
             self._fs.mv(tmp, final)
             return True
         except OSError as exc:
             raise BlobStoreError(f"cannot write {final}: {exc}") from exc
+
+
+def _makedirs_private(root: str, path: str) -> None:
+    """Create the folders from `root` (which exists) down to `path`, each 0700 (os.makedirs applies
+    its mode to the last folder only)."""
+    current = root.rstrip("/")
+    for part in path[len(current) :].strip("/").split("/"):
+        current = f"{current}/{part}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(current, PRIVATE_DIR)
+
+
+def _make_private(root: str) -> None:
+    """Close a local root that others can read (only one of ours: someone else's is left alone)."""
+    info = os.stat(root)
+    if info.st_mode & 0o077 and info.st_uid == os.getuid():
+        os.chmod(root, stat.S_IMODE(info.st_mode) & ~0o077)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

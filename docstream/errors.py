@@ -15,6 +15,10 @@ are translated into these once, at the adapter edge that calls the foreign libra
     └── HandlerError              raised by a stage handler to classify a failure
         ├── TransientError        worth retrying (via the group's retry topic)
         └── PermanentError        never worth retrying (straight to the dead-letter topic)
+            └── InvalidEventError an event (or what it points at) fails validation: a bad field,
+                │                 an unsupported document, a limit exceeded
+                ├── UnsafeReferenceError  a URI outside the blob store (never read)
+                └── ContentMismatchError  the bytes read do not hash to the event's content_sha256
 """
 
 from __future__ import annotations
@@ -74,3 +78,17 @@ class TransientError(HandlerError):
 
 class PermanentError(HandlerError):
     """A failure that will not pass (a broken PDF, a too large file): the event is dead-lettered."""
+
+
+class InvalidEventError(PermanentError):
+    """An event, or the document it points at, fails validation (docstream.validation): a field out of
+    range, an unsupported content type, a document over a limit. Retrying cannot help."""
+
+
+class UnsafeReferenceError(InvalidEventError):
+    """A URI in an event points outside the blob store (another scheme, root, `..`, a symlink out):
+    refused without reading anything."""
+
+
+class ContentMismatchError(InvalidEventError):
+    """The bytes behind an event's blob_uri do not hash to its content_sha256 (or have another size)."""

@@ -83,6 +83,17 @@ class OcrSettings(BaseModel):
     )
 
 
+class LimitSettings(BaseModel):
+    """What docstream accepts from an event (docstream/validation.py; pages and pixels: `ocr`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1, description="largest document, in bytes")
+    max_future_skew_ms: int = Field(
+        default=300_000, ge=0, description="how far an event's times may lie after its Kafka timestamp"
+    )
+
+
 class WarehouseSettings(BaseModel):
     """Where the warehouse sink writes and how it batches (consumers/warehouse/sink.py)."""
 
@@ -184,6 +195,7 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = RuntimeSettings()
     thumbnails: ThumbnailSettings = ThumbnailSettings()
     ocr: OcrSettings = OcrSettings()
+    limits: LimitSettings = LimitSettings()
     warehouse: WarehouseSettings = WarehouseSettings()
     analytics: AnalyticsSettings = AnalyticsSettings()
     scaling: ScalingSettings = ScalingSettings()

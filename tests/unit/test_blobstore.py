@@ -13,7 +13,7 @@ import fsspec
 import pytest
 
 from docstream.blobstore import BlobStore
-from docstream.errors import BlobStoreError
+from docstream.errors import BlobStoreError, ContentMismatchError, UnsafeReferenceError
 from docstream.idempotency import idempotency_key
 
 
@@ -102,7 +102,7 @@ def test_memory_filesystem_url_works() -> None:
 def test_reading_a_missing_object_is_a_blob_store_error(tmp_path: Path) -> None:
     store = BlobStore(str(tmp_path))
     with pytest.raises(BlobStoreError, match="cannot read"):
-        store.get(f"{tmp_path}/content/00/{'0' * 64}")
+        store.get(f"file://{tmp_path}/content/00/{'0' * 64}")
 
 
 def test_an_unwritable_root_is_a_blob_store_error(tmp_path: Path) -> None:
@@ -192,3 +192,92 @@ def test_a_filesystem_without_modified_is_read_through_its_info(
     assert store.result_time("ocr", key) == 1_735_787_045_678
     monkeypatch.setattr(store._fs, "info", lambda path: {"size": 2})
     assert store.result_time("ocr", key) is None
+
+
+# -- untrusted references ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "file:///etc/passwd",
+        "file:///proc/self/environ",
+        "../../../../etc/hosts",
+        "/etc/hosts",
+        "content/ab/x",
+        "s3://bucket/content/ab/x",
+        "http://169.254.169.254/latest/meta-data",
+        "{root}/content/../../../etc/passwd",
+        "{root}/content/./ab/x",
+        "{root}//content/ab/x",
+        "{root}/content/%2e%2e/%2e%2e/etc/passwd",
+        "{root}/content/ab/x?version=1",
+        "{root}-sibling/content/ab/x",
+        "{root}",
+    ],
+)
+def test_a_reference_outside_the_store_is_refused_without_reading(tmp_path: Path, uri: str) -> None:
+    store = BlobStore(str(tmp_path / "store"))
+    (tmp_path / "store-sibling" / "content" / "ab").mkdir(parents=True)
+    (tmp_path / "store-sibling" / "content" / "ab" / "x").write_bytes(b"secret")
+    with pytest.raises(UnsafeReferenceError):
+        store.get(uri.format(root=f"file://{tmp_path / 'store'}"))
+
+
+def test_a_symlink_leading_out_of_the_store_is_refused(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path / "store"))
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_bytes(b"secret")
+    (tmp_path / "store" / "content").mkdir()
+    (tmp_path / "store" / "content" / "ab").symlink_to(tmp_path / "outside")
+    with pytest.raises(UnsafeReferenceError, match="symlink"):
+        store.get(f"file://{tmp_path / 'store'}/content/ab/secret")
+
+
+def test_a_document_is_read_only_when_its_bytes_hash_to_the_event_s_sha256(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    real = store.put_content(b"the real bytes")
+    assert store.get_document(real.uri, real.sha256, real.size) == b"the real bytes"
+    claimed = hashlib.sha256(b"another document").hexdigest()
+    with pytest.raises(ContentMismatchError) as caught:
+        store.get_document(real.uri, claimed, real.size)
+    assert real.sha256 in str(caught.value) and claimed in str(caught.value)
+    with pytest.raises(ContentMismatchError, match="holds more than"):
+        store.get_document(real.uri, real.sha256, real.size - 1)
+
+
+def test_a_document_outside_the_content_area_is_refused(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    key = idempotency_key("ab" * 32, "ocr", "v1")
+    store.put_result("ocr", key, b'{"pages": []}')
+    result_uri = store.uri(store.result_path("ocr", key))
+    with pytest.raises(UnsafeReferenceError, match="content area"):
+        store.get_document(result_uri, hashlib.sha256(b'{"pages": []}').hexdigest(), 13)
+
+
+def test_a_result_is_read_only_from_its_own_key_s_object(tmp_path: Path) -> None:
+    store = BlobStore(str(tmp_path))
+    mine, other = idempotency_key("ab" * 32, "ocr", "v1"), idempotency_key("cd" * 32, "ocr", "v1")
+    store.put_result("ocr", mine, b"mine")
+    store.put_result("ocr", other, b"other")
+    assert store.get_result_at("ocr", mine, store.uri(store.result_path("ocr", mine))) == b"mine"
+    with pytest.raises(UnsafeReferenceError, match="not the ocr result object"):
+        store.get_result_at("ocr", mine, store.uri(store.result_path("ocr", other)))
+
+
+def test_a_local_store_is_private_to_its_user(tmp_path: Path) -> None:
+    os.umask(0o022)
+    store = BlobStore(str(tmp_path / "store"))
+    stored = store.put_content(b"tenant data")
+    store.put_result("ocr", idempotency_key(stored.sha256, "ocr", "v1"), b"{}")
+    for path in [tmp_path / "store", *(tmp_path / "store").rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path} is {oct(mode)}"
+
+
+def test_an_existing_root_open_to_others_is_closed(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    BlobStore(str(root))
+    assert root.stat().st_mode & 0o777 == 0o700

@@ -52,6 +52,7 @@ def completion(stage: str) -> dict[str, Any]:
         "upload_at": UPLOADED_AT,
         "computed_at": UPLOADED_AT + timedelta(seconds=2),
         "content_type": "application/pdf",
+        "upload_offset": 41,
     }
 
 
@@ -142,12 +143,13 @@ def test_a_process_that_lacks_the_writer_schema_cannot_decode() -> None:
         old_producer.decode(topology.DOC_UPLOADED, data, coordinates="doc.uploaded[0]@7")
 
 
-NEW_FIELDS = ("computed_at", "content_type")  # added to the completion events together
+NEW_FIELDS = ("computed_at", "content_type", "upload_offset")  # added after these versions
 COMPLETION_EVENTS = {  # event type -> the version before `computed_at`
     topology.OCR_DONE: 1,
     topology.EMBEDDED: 1,
     topology.THUMBNAILED: 2,
 }
+UPLOAD_OFFSET_ADDED = {topology.OCR_DONE: 3, topology.EMBEDDED: 3, topology.THUMBNAILED: 4}
 
 
 @pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
@@ -163,7 +165,7 @@ def test_completion_events_before_computed_at_still_decode_with_it_null(event_ty
 @pytest.mark.parametrize("event_type", sorted(COMPLETION_EVENTS))
 def test_computed_at_round_trips_and_older_readers_skip_it(event_type: str) -> None:
     latest = catalog().latest(event_type)
-    assert latest.version == COMPLETION_EVENTS[event_type] + 1
+    assert latest.version == UPLOAD_OFFSET_ADDED[event_type]
     millis = int((UPLOADED_AT + timedelta(seconds=2)).timestamp() * 1000)
     data = codec.encode(event_type, RECORDS[event_type] | {"computed_at": millis})
     assert peek_fingerprint(data) == latest.fingerprint
@@ -172,6 +174,18 @@ def test_computed_at_round_trips_and_older_readers_skip_it(event_type: str) -> N
     assert codec.decode(event_type, unknown)["computed_at"] is None
     older = codec.decode(event_type, data, reader_version=COMPLETION_EVENTS[event_type])
     assert older == {k: v for k, v in RECORDS[event_type].items() if k not in NEW_FIELDS}
+
+
+@pytest.mark.parametrize("event_type", sorted(UPLOAD_OFFSET_ADDED))
+def test_upload_offset_round_trips_and_is_null_in_events_written_before_it(event_type: str) -> None:
+    data = codec.encode(event_type, RECORDS[event_type])
+    assert codec.decode(event_type, data)["upload_offset"] == 41
+    before = Catalog(catalog().versions(event_type)[: UPLOAD_OFFSET_ADDED[event_type] - 1])
+    record = {k: v for k, v in RECORDS[event_type].items() if k != "upload_offset"}
+    assert (
+        codec.decode(event_type, SingleObjectCodec(before).encode(event_type, record))["upload_offset"]
+        is None
+    )
 
 
 def test_unknown_reader_version_is_a_schema_error() -> None:

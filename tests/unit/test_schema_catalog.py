@@ -117,19 +117,27 @@ def test_unknown_event_type_and_version_are_schema_errors() -> None:
 
 @pytest.mark.parametrize(
     ("event_type", "versions"),
-    [(topology.OCR_DONE, [1, 2]), (topology.EMBEDDED, [1, 2]), (topology.THUMBNAILED, [1, 2, 3])],
+    [(topology.OCR_DONE, [1, 2, 3]), (topology.EMBEDDED, [1, 2, 3]), (topology.THUMBNAILED, [1, 2, 3, 4])],
 )
-def test_the_latest_completion_events_add_a_nullable_computed_at_and_content_type(
+def test_the_completion_events_add_computed_at_and_content_type_then_upload_offset_all_nullable(
     event_type: str, versions: list[int]
 ) -> None:
     found = catalog().versions(event_type)
     assert [sv.version for sv in found] == versions
-    before = {f["name"] for f in found[-2].definition["fields"]}
-    added = [f for f in found[-1].definition["fields"] if f["name"] not in before]
-    assert [(f["name"], f["type"], f["default"]) for f in added] == [
+
+    def added(new: int) -> list[tuple[str, object, object]]:
+        before = {f["name"] for f in found[new - 1].definition["fields"]}
+        return [
+            (f["name"], f["type"], f["default"])
+            for f in found[new].definition["fields"]
+            if f["name"] not in before
+        ]
+
+    assert added(-2) == [
         ("computed_at", ["null", {"type": "long", "logicalType": "timestamp-millis"}], None),
         ("content_type", ["null", "string"], None),
     ]
+    assert added(-1) == [("upload_offset", ["null", "long"], None)]
 
 
 @pytest.mark.parametrize(
