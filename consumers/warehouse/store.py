@@ -28,12 +28,15 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import clickhouse_connect
+from clickhouse_connect.driver.binding import bind_query
 from clickhouse_connect.driver.exceptions import (
     ClickHouseError,
     DatabaseError,
     OperationalError,
+    ProgrammingError,
 )
 
+from consumers.warehouse.sql_guard import read_only_sql
 from docstream.errors import ConfigurationError, PermanentError, TransientError
 
 MIGRATIONS_TABLE = "docstream.schema_migrations"
@@ -43,8 +46,11 @@ _MIGRATIONS_DDL = (
     " applied_at DateTime64(3, 'UTC') DEFAULT now64(3))"
     " ENGINE = ReplacingMergeTree(applied_at) ORDER BY name",
 )
-READ_ONLY_VERBS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN"})
-_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+QUERY_TIME_LIMIT_S = 300
+# chDB takes max_execution_time beside readonly=1 in the one SETTINGS clause clickhouse-connect
+# appends (tests/integration/test_sql_hostile.py); a server takes both as request settings.
+READ_ONLY_SETTINGS = {"readonly": 1, "max_execution_time": QUERY_TIME_LIMIT_S}
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)  # for our own DDL files only
 _STATEMENT_END = re.compile(r";\s*(?:\n|$)")
 
 Rows = Sequence[Sequence[Any]]
@@ -65,19 +71,9 @@ def statements(ddl: str) -> list[str]:
 
 
 def check_read_only(sql: str) -> str:
-    """`sql` without comments and a trailing `;` if it is one read-only statement, else ConfigurationError."""
-    body = _COMMENTS.sub(" ", sql).strip().rstrip(";").strip()
-    if ";" in _strings_removed(body):
-        raise ConfigurationError("one statement at a time, please")
-    verb = body.lstrip("(").split(None, 1)[0].upper() if body else ""
-    if verb not in READ_ONLY_VERBS:
-        allowed = ", ".join(sorted(READ_ONLY_VERBS))
-        raise ConfigurationError(f"read-only SQL only ({allowed}); got {verb or 'nothing'}")
-    return body
-
-
-def _strings_removed(sql: str) -> str:
-    return re.sub(r"'(?:[^'\\]|\\.|'')*'", "''", sql)
+    """`sql` as it will run (comments and a trailing `;` dropped) if it is one read-only statement,
+    else ConfigurationError saying what was refused and why (the rules: consumers.warehouse.sql_guard)."""
+    return read_only_sql(sql)
 
 
 class Warehouse:
@@ -165,10 +161,16 @@ class Warehouse:
     def query(
         self, sql: str, parameters: dict[str, Any] | None = None, *, readonly: bool = True
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """(column names, rows) of `sql`; with `readonly` only one read-only statement, run as such."""
+        """(column names, rows) of `sql`; with `readonly` only one read-only statement, run as such.
+
+        Read-only, the client-side parameters (`%(name)s`) are bound first, so that the check sees
+        and the server runs the very same SQL; server-side ones (`{name:Type}`) the server binds as
+        values. Then it runs with `readonly=1` and a time limit (`READ_ONLY_SETTINGS`).
+        """
+        settings = None
         if readonly:
-            sql = check_read_only(sql)
-        settings = {"readonly": 1} if readonly else None
+            sql, parameters = self._bound(sql, parameters)
+            sql, settings = check_read_only(sql), dict(READ_ONLY_SETTINGS)
         try:
             with self._lock:
                 result = self._client.query(sql, parameters=parameters, settings=settings)
@@ -179,6 +181,19 @@ class Warehouse:
         except ClickHouseError as exc:
             raise ConfigurationError(f"query failed: {_first_line(exc)}") from exc
         return list(result.column_names), [tuple(row) for row in result.result_rows]
+
+    def _bound(self, sql: str, parameters: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+        """`sql` with its client-side parameters filled in as clickhouse-connect would, and the
+        parameters still to send (the server-side ones); (sql, None) without parameters."""
+        if not parameters:
+            return sql, None
+        try:
+            bound, server_side = bind_query(sql, parameters, self._client.server_tz)
+        except (ProgrammingError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(f"query parameters do not fit the query: {exc}") from exc
+        if not isinstance(bound, str):  # bytes parameters go into the SQL as raw bytes
+            raise ConfigurationError("binary query parameters are not accepted in read-only queries")
+        return bound, parameters if server_side else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -159,7 +159,7 @@ def test_the_owner_serves_read_only_queries_with_its_token_and_cleans_up(tmp_pat
             status, error = post({"sql": "SELECT 1; DROP TABLE docstream.chunks"})
             assert status == 400 and "one statement" in error
             status, error = post({"sql": "SELECT 1 SETTINGS readonly = 0"})
-            assert status == 400 and "query refused" in error, error
+            assert status == 400 and "SETTINGS overrides settings" in error, error
             assert OwnerQueries(Endpoint(endpoint.port, endpoint.pid, "guess", url)).answers() is False
             with pytest.raises(ConfigurationError, match="read-only"):
                 owner.query("DROP TABLE docstream.chunks")
