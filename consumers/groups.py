@@ -18,6 +18,7 @@ from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, OCR_DONE, group_id
+from docstream.validation import Limits
 from schemas.codec import Codec, make_codec
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
         topics,
         batch_rows=settings.warehouse.batch_rows,
         batch_ms=settings.warehouse.batch_ms,
+        limits=Limits.from_settings(settings),
     )
     member = Worker(
         group_id=group_id("warehouse", settings.group_prefix),
@@ -129,15 +131,16 @@ def _ocr(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOpti
         engine, batch_pages=settings.ocr.batch_pages, batch_wait_ms=settings.ocr.batch_wait_ms
     )
     stage = OcrStage(batcher, settings.ocr)
+    limits = Limits.from_settings(settings)
     return _worker(
         settings,
         "ocr",
         [DOC_UPLOADED],
         options,
         handler=stage_handler(
-            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused
+            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
         ),
-        decoder=upload_decoder(codec),
+        decoder=upload_decoder(codec, limits),
     )
 
 
@@ -150,7 +153,7 @@ def _embeddings(settings: Settings, blobs: BlobStore, codec: Codec, options: Wor
         stage,
         blobs,
         codec,
-        max_pages=settings.ocr.max_pages,
+        limits=Limits.from_settings(settings),
         outcomes=options.outcomes,
         emit_reused=options.emit_reused,
     )
@@ -162,13 +165,14 @@ def _thumbnails(settings: Settings, blobs: BlobStore, codec: Codec, options: Wor
     from consumers.thumbnails.worker import ThumbnailStage
 
     stage = ThumbnailStage(blobs, settings.thumbnails)
+    limits = Limits.from_settings(settings)
     return _worker(
         settings,
         "thumbnails",
         [DOC_UPLOADED],
         options,
         handler=stage_handler(
-            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused
+            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
         ),
-        decoder=upload_decoder(codec),
+        decoder=upload_decoder(codec, limits),
     )

@@ -3,10 +3,18 @@
 Every worker group that turns a `doc.uploaded` event into a result follows the same steps,
 written once here, in this order:
 
+    0. check the event (`upload_decoder`: docstream.validation), read the document through the
+       blob store, which refuses a URI outside it, and hash what was read: bytes that are not
+       the event's content_sha256 are dead-lettered before anything is computed or reused;
+       then the limits every stage applies (`inspect_document`: pages, pixels, text encoding);
     1. derive the idempotency key from the content hash, the stage and its version;
-    2. if a result object exists under that key, reuse it (an unchanged replay or a
-       redelivery skips the work); otherwise compute it and write it, once, atomically;
-    3. emit the completion event (the runtime stores the offset only once it is acknowledged).
+    2. if a completion was already emitted for this upload under this version, emit the very
+       same event again (a redelivery changes nothing downstream) and stop;
+    3. if a result object exists under the key, reuse it (an unchanged replay or another
+       document with the same content skips the work); otherwise compute it and write it,
+       once, atomically;
+    4. record the completion event for this upload (write-once, `completion_key`), then emit
+       it (the runtime stores the offset only once it is acknowledged).
 
 A stage supplies only `compute` (content -> result object + completion fields) and
 `summarise` (stored result object -> completion fields).
@@ -14,30 +22,39 @@ A stage supplies only `compute` (content -> result object + completion fields) a
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
+from consumers.ocr.pages import inspect_document
 from consumers.runtime import Context, Handler
 from docstream.blobstore import BlobStore
-from docstream.idempotency import idempotency_key
+from docstream.idempotency import completion_key, idempotency_key
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
 from schemas.codec import Codec
 
 
-class Stage(Protocol):
-    """What a stage knows: its name, version, output, and how to compute its result."""
+class Output(Protocol):
+    """What a stage emits: its name, its completion events, and how to summarise a stored result."""
 
     name: str  # also the `stage` field of its completion events
-    version: str  # model / handler version: part of the idempotency key
     result_topic: str
     result_event: str  # the event type of its completion events
 
-    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
-        """The result object (bytes to store) and the stage's own completion fields."""
-
     def summarise(self, stored: bytes) -> dict[str, Any]:
         """The stage's own completion fields, read back from a stored result object."""
+
+
+class Stage(Output, Protocol):
+    """What a stage knows: its output, version, and how to compute its result from an upload."""
+
+    version: str  # model / handler version: part of the idempotency key
+
+    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
+        """The result object (bytes to store) and the stage's own completion fields."""
 
 
 class Outcomes:
@@ -79,6 +96,7 @@ def stage_handler(
     *,
     outcomes: Outcomes | None = None,
     emit_reused: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Handler:
     """The runtime handler of `stage`: reads `doc.uploaded` events decoded into `ctx.record`.
 
@@ -88,41 +106,125 @@ def stage_handler(
     group emits it again (a redelivery must not lose the completion of an effect written just
     before a crash).
     """
-    counts = outcomes if outcomes is not None else Outcomes()
+    effects = Effects(blobs, codec, clock, outcomes=outcomes, emit_reused=emit_reused)
 
     def handle(message: Any, ctx: Context) -> None:
         upload: dict[str, Any] = ctx.record
         started = clock()
-        key = idempotency_key(upload["content_sha256"], stage.name, stage.version)  # 1.
-        stored = blobs.get_result(stage.name, key)  # 2.
-        if stored is None:
-            result, fields = stage.compute(upload, blobs.get(upload["blob_uri"]))
-            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused", key)
-        else:
-            counts.add("reused")
-            if not emit_reused and not counts.fresh(key):
-                return
-            fields = stage.summarise(stored)
-        event = completion(stage.name, stage.version, blobs, upload, key, fields, started, clock)
-        ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))  # 3.
+        content = blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])  # 0.
+        inspect_document(content, upload["content_type"], limits)
+        effects.once(
+            ctx,
+            message.key(),
+            stage,
+            stage.version,
+            upload,
+            upload_offset=ctx.origin[2],
+            compute=lambda: stage.compute(upload, content),
+            started=started,
+        )
 
     return handle
+
+
+class Effects:
+    """Steps 1-4 of the module docstring for one stage's handler, whichever input it read."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        codec: Codec,
+        clock: Callable[[], float],
+        *,
+        outcomes: Outcomes | None = None,
+        emit_reused: bool = True,
+    ) -> None:
+        self._blobs, self._codec, self._clock = blobs, codec, clock
+        self.counts = outcomes if outcomes is not None else Outcomes()
+        self._emit_reused = emit_reused
+
+    def once(
+        self,
+        ctx: Context,
+        kafka_key: bytes | None,
+        stage: Output,
+        version: str,
+        document: Mapping[str, Any],
+        *,
+        upload_offset: int | None,
+        compute: Callable[[], tuple[bytes, dict[str, Any]]],
+        started: float,
+    ) -> None:
+        """The effect of `stage` at `version` on `document`, and its completion event, once."""
+        key = idempotency_key(document["content_sha256"], stage.name, version)  # 1.
+        ckey = completion_key(stage.name, version, document)
+        recorded = self._blobs.get_completion(stage.name, ckey)  # 2.
+        if recorded is not None:
+            self.counts.add("reused")
+            if not self._emit_reused and not self.counts.fresh(key):
+                return
+            event = json.loads(recorded)
+        else:
+            stored = self._blobs.get_result(stage.name, key)  # 3.
+            if stored is None:
+                result, fields = compute()
+                self.counts.add(
+                    "computed" if self._blobs.put_result(stage.name, key, result) else "reused", key
+                )
+            else:
+                self.counts.add("reused")
+                if not self._emit_reused and not self.counts.fresh(key):
+                    return
+                fields = stage.summarise(stored)
+            event = completion(
+                stage.name,
+                version,
+                self._blobs,
+                document,
+                key,
+                fields,
+                started,
+                self._clock,
+                upload_offset=upload_offset,
+            )
+            event = self._record(stage.name, ckey, event)  # 4.
+        ctx.emit(stage.result_topic, kafka_key, self._codec.encode(stage.result_event, event))
+
+    def _record(self, stage: str, ckey: str, event: dict[str, Any]) -> dict[str, Any]:
+        """Write the completion once; when another delivery of this upload won, theirs is the one."""
+        data = json.dumps(_jsonable(event), sort_keys=True).encode()
+        if self._blobs.put_completion(stage, ckey, data):
+            return _jsonable(event)
+        recorded = self._blobs.get_completion(stage, ckey)
+        return json.loads(recorded) if recorded is not None else _jsonable(event)
+
+
+def _jsonable(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A completion with its timestamps as epoch ms (the codec takes those for timestamp-millis)."""
+    return {
+        name: round(value.timestamp() * 1000) if isinstance(value, datetime) else value
+        for name, value in event.items()
+    }
 
 
 def completion(
     stage: str,
     version: str,
     blobs: BlobStore,
-    document: dict[str, Any],
+    document: Mapping[str, Any],
     key: str,
     fields: dict[str, Any],
     started: float,
     clock: Callable[[], float],
+    *,
+    upload_offset: int | None = None,
 ) -> dict[str, Any]:
     """The completion event of a stage for a document (`doc.uploaded` or an earlier completion).
 
     Call it once the result object is written: its write time is `computed_at`, the same on
     every re-emission of that result (the warehouse's current version is the newest computed).
+    `upload_offset`: the doc.uploaded event's offset (the warehouse's current row is the latest
+    upload's).
     """
     completed_at = int(clock() * 1000)
     computed_at = blobs.result_time(stage, key)
@@ -139,16 +241,20 @@ def completion(
         "processing_ms": int((clock() - started) * 1000),
         "upload_at": document.get("uploaded_at", document.get("upload_at")),
         "content_type": document.get("content_type"),  # an older doc.ocr.done has none: None
+        "upload_offset": upload_offset,
         **fields,
     }
 
 
-def upload_decoder(codec: Codec) -> Callable[[Any, Context], dict[str, Any]]:
-    """The runtime decoder for `doc.uploaded`: undecodable events go to the dead-letter topic."""
+def upload_decoder(codec: Codec, limits: Limits = DEFAULT_LIMITS) -> Callable[[Any, Context], dict[str, Any]]:
+    """The runtime decoder for `doc.uploaded`: undecodable or invalid events (docstream.validation,
+    times checked against the event's first Kafka timestamp) go to the dead-letter topic."""
 
     def decode(message: Any, ctx: Context) -> dict[str, Any]:
-        return codec.decode(
-            "doc.uploaded", message.value() or b"", topic=message.topic(), coordinates=ctx.coordinates
+        record: dict[str, Any] = codec.decode(
+            "doc.uploaded", message.value() or b"", topic=ctx.origin[0], coordinates=ctx.coordinates
         )
+        validate_upload(record, limits, produced_at_ms=ctx.origin[3])
+        return record
 
     return decode

@@ -118,6 +118,20 @@ class BlobStore:
             return None
         return self.get(self.uri(self.result_path(stage, key, suffix)))
 
+    def put_completion(self, stage: str, key: str, data: bytes) -> bool:
+        """Record a stage's completion event for one upload (`completion_key`), once; False when
+        one was recorded already (keep that one: it is what was emitted)."""
+        return self._write_once(self._completion_path(stage, key), data)
+
+    def get_completion(self, stage: str, key: str) -> bytes | None:
+        """The completion event recorded under `key`, or None."""
+        rel = self._completion_path(stage, key)
+        return self.get(self.uri(rel)) if self._fs.exists(f"{self._root}/{rel}") else None
+
+    @staticmethod
+    def _completion_path(stage: str, key: str) -> str:
+        return f"completions/{stage}/{key[:2]}/{key}.json"
+
     def result_time(self, stage: str, key: str, suffix: str = "json") -> int | None:
         """When the stage's result under `key` was written, epoch ms; None when there is none, or
         the filesystem keeps no time.

@@ -18,12 +18,14 @@ from typing import Any
 
 from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import EmbeddingModel
-from consumers.ocr.pages import text_layers
+from consumers.ocr.pages import inspect_document
 from consumers.runtime import Context, Handler
-from consumers.stage import Outcomes, completion
+from consumers.stage import Effects, Outcomes
 from docstream.blobstore import BlobStore
+from docstream.errors import InvalidEventError
 from docstream.idempotency import idempotency_key
 from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
 
 Pages = list[tuple[int, str]]  # (page number, text)
@@ -88,53 +90,64 @@ def embeddings_handler(
     *,
     uploads: str = DOC_UPLOADED,
     ocr_done: str = OCR_DONE,
-    max_pages: int = 200,
+    limits: Limits = DEFAULT_LIMITS,
     clock: Callable[[], float] = time.time,
     outcomes: Outcomes | None = None,
     emit_reused: bool = True,
 ) -> Handler:
-    """The runtime handler: decodes by topic, finds the pages' text, embeds once per key.
+    """The runtime handler: decodes and checks by topic, finds the pages' text, embeds once per key.
 
-    `outcomes` and `emit_reused` as for `consumers.stage.stage_handler`.
+    An upload is checked as every stage checks it (consumers.stage, step 0); a doc.ocr.done is
+    validated, and its result_uri must be the OCR result object of its own idempotency key, which
+    must be the key of its content and OCR version: an event cannot make this stage read another
+    document's text or anything outside the store. `outcomes` and `emit_reused` as for
+    `consumers.stage.stage_handler`.
     """
-    counts = outcomes if outcomes is not None else Outcomes()
+    effects = Effects(blobs, codec, clock, outcomes=outcomes, emit_reused=emit_reused)
 
-    def pages_of(message: Any) -> tuple[dict[str, Any], Pages | None]:
-        if message.topic() == ocr_done:
-            done = codec.decode("doc.ocr.done", message.value() or b"", topic=message.topic())
-            if done["pages_ocr"] == 0:
-                return done, None  # no OCR was needed: the upload was embedded already
-            stored = json.loads(blobs.get(done["result_uri"]))
-            return done, [(p["page"], p["text"]) for p in stored["pages"]]
-        upload = codec.decode("doc.uploaded", message.value() or b"", topic=message.topic())
-        texts = text_layers(
-            blobs.get(upload["blob_uri"]), content_type=upload["content_type"], max_pages=max_pages
-        )
+    def ocr_pages(message: Any, ctx: Context) -> tuple[dict[str, Any], Pages | None]:
+        done = codec.decode("doc.ocr.done", message.value() or b"", topic=ocr_done)
+        validate_completion(done, limits, produced_at_ms=ctx.origin[3])
+        if done["stage"] != "ocr":
+            raise InvalidEventError(f"a {done['stage']!r} completion on {ocr_done}")
+        if done["pages_ocr"] == 0:
+            return done, None  # no OCR was needed: the upload was embedded already
+        key = idempotency_key(done["content_sha256"], "ocr", done["model_version"])
+        if done["idempotency_key"] != key:
+            raise InvalidEventError(
+                f"doc.ocr.done idempotency_key {done['idempotency_key']} is not the key of its content and"
+                f" OCR version ({key})"
+            )
+        stored = json.loads(blobs.get_result_at("ocr", key, done["result_uri"]))
+        return done, [(int(p["page"]), str(p["text"])) for p in stored["pages"]]
+
+    def upload_pages(message: Any, ctx: Context) -> tuple[dict[str, Any], Pages | None]:
+        upload = codec.decode("doc.uploaded", message.value() or b"", topic=uploads)
+        validate_upload(upload, limits, produced_at_ms=ctx.origin[3])
+        content = blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])
+        texts = inspect_document(content, upload["content_type"], limits)
         if not all(text.strip() for text in texts):
             return upload, None  # some pages need OCR: wait for doc.ocr.done
         return upload, list(enumerate(texts, start=1))
 
     def handle(message: Any, ctx: Context) -> None:
         started = clock()
-        document, pages = pages_of(message)
+        from_ocr = ctx.origin[0] == ocr_done  # where it was published: a retry comes from the retry topic
+        document, pages = (ocr_pages if from_ocr else upload_pages)(message, ctx)
         if pages is None:
-            counts.add("ignored")
+            effects.counts.add("ignored")
             return
         # Text read by OCR depends on the OCR version too: a re-read (bumped OCR) is embedded anew.
-        version = (
-            stage.version if message.topic() != ocr_done else f"{stage.version}+{document['model_version']}"
+        version = f"{stage.version}+{document['model_version']}" if from_ocr else stage.version
+        effects.once(
+            ctx,
+            message.key(),
+            stage,
+            version,
+            document,
+            upload_offset=document.get("upload_offset") if from_ocr else ctx.origin[2],
+            compute=lambda: stage.compute(pages),
+            started=started,
         )
-        key = idempotency_key(document["content_sha256"], stage.name, version)
-        stored = blobs.get_result(stage.name, key)
-        if stored is None:
-            result, fields = stage.compute(pages)
-            counts.add("computed" if blobs.put_result(stage.name, key, result) else "reused", key)
-        else:
-            counts.add("reused")
-            if not emit_reused and not counts.fresh(key):
-                return
-            fields = stage.summarise(stored)
-        event = completion(stage.name, version, blobs, document, key, fields, started, clock)
-        ctx.emit(stage.result_topic, message.key(), codec.encode(stage.result_event, event))
 
     return handle

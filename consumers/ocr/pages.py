@@ -11,6 +11,11 @@ or absurd files are enforced before anything large is allocated:
 - a file pdfium or Pillow cannot open -> PermanentError("not a readable PDF: ...") /
   PermanentError("not a readable image: ...").
 
+`inspect_document` applies the same limits before any stage acts on a document, so that OCR,
+embeddings and thumbnails refuse the same inputs for the same reason (an unsupported content
+type, too many pages, a page OCR would have to render over `max_pixels`, an image over it, text
+that is not UTF-8), even a stage that would only have looked at the first page.
+
 PDFium is not thread-safe: every pdfium call in this process goes through `PDFIUM_LOCK`.
 """
 
@@ -29,10 +34,8 @@ import numpy.typing as npt
 import pypdfium2 as pdfium  # type: ignore[import-untyped]  # ships without py.typed
 from PIL import Image, UnidentifiedImageError
 
-from docstream.errors import PermanentError, TransientError
-
-PDF: Final = "application/pdf"
-IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/tiff"})
+from docstream.errors import InvalidEventError, PermanentError, TransientError
+from docstream.validation import IMAGE_TYPES, PDF, TEXT_TYPES, Limits
 
 PDFIUM_LOCK: Final = threading.Lock()
 T = TypeVar("T")
@@ -145,7 +148,7 @@ def _image_page(content: bytes, max_pixels: int) -> Page:
 
 def _check_pixels(what: str, width: int, height: int, max_pixels: int, at: str) -> None:
     if width * height > max_pixels:
-        raise PermanentError(
+        raise InvalidEventError(
             f"{what} too large: {width}x{height} = {width * height} pixels{at} > max_pixels={max_pixels}"
         )
 
@@ -190,6 +193,50 @@ def _preview_page(document: Any, index: int, long_side: int, max_pixels: int) ->
         page.close()
 
 
+def inspect_document(content: bytes, content_type: str, limits: Limits) -> list[str]:
+    """Each page's text layer ("" for a page without one), once the document passed the limits
+    every stage applies; PermanentError (InvalidEventError for a limit) otherwise.
+
+    Nothing is rendered: a PDF page's pixels are computed from its size at `limits.dpi`, and only
+    pages without a text layer count (those are the pages OCR renders); an image's size is read
+    from its header.
+    """
+    if content_type in TEXT_TYPES:
+        return [plain_text(content)]
+    if content_type in IMAGE_TYPES:
+        _image_size(content, limits.max_pixels)
+        return [""]
+    if content_type != PDF:
+        raise InvalidEventError(f"unsupported content type {content_type!r}")
+    return _each_pdf_page(content, limits.max_pages, lambda doc, i: _inspect_pdf_page(doc, i, limits))
+
+
+def _inspect_pdf_page(document: Any, index: int, limits: Limits) -> str:
+    text = _page_text(document, index)
+    if not text:
+        page = document[index]
+        try:
+            width_pt, height_pt = page.get_size()
+        finally:
+            page.close()
+        width, height = round(width_pt * limits.dpi / 72), round(height_pt * limits.dpi / 72)
+        _check_pixels(f"page {index + 1}", width, height, limits.max_pixels, f" at {limits.dpi} dpi")
+    return text
+
+
+def _image_size(content: bytes, max_pixels: int) -> None:
+    """An image's size from its header, checked against `max_pixels`; nothing is decoded."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(content)) as image:
+                _check_pixels("image", image.width, image.height, max_pixels, "")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise PermanentError(f"not a readable image: {exc}") from exc
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise InvalidEventError(f"image too large: {exc}") from exc
+
+
 def text_layers(content: bytes, *, content_type: str, max_pages: int) -> list[str]:
     """Each page's text layer ("" for a page without one), without rendering anything.
 
@@ -217,7 +264,7 @@ def _each_pdf_page(content: bytes, max_pages: int, read: Callable[[Any, int], T]
     with PDFIUM_LOCK, _open_pdf(content) as document:
         count = len(document)
         if count > max_pages:
-            raise PermanentError(f"too many pages: {count} > max_pages={max_pages}")
+            raise InvalidEventError(f"too many pages: {count} > max_pages={max_pages}")
         return [read(document, index) for index in range(count)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from enum import Enum
 
-from docstream.errors import PermanentError, SchemaError
+from docstream.errors import PermanentError, SchemaError, TransientError
 from docstream.settings import RetryPolicy
 
 
@@ -23,13 +23,19 @@ def backoff_ms(policy: RetryPolicy, next_attempt: int, rng: random.Random) -> in
     return max(0, round(base + rng.uniform(-spread, spread)))
 
 
+# Failures that come out the same for the same input: a malformed field (ValueError, KeyError,
+# TypeError ...), a bug in a handler. Retrying cannot heal them; a fixed handler redrives them.
+DETERMINISTIC = (PermanentError, SchemaError, ValueError, LookupError, TypeError, AttributeError)
+
+
 def route(error: BaseException, attempt: int, policy: RetryPolicy) -> Route:
     """Where an event goes after failing on `attempt` (1 = first delivery).
 
-    Permanent errors and undecodable events go straight to the dead-letter topic; anything
-    else (TransientError or an unexpected exception) is retried until `max_attempts`.
+    Permanent errors, undecodable events and the other failures that cannot heal (`DETERMINISTIC`)
+    go straight to the dead-letter topic; anything else (TransientError, a docstream error such
+    as an unreachable blob store or broker, OSError ...) is retried until `max_attempts`.
     """
-    if isinstance(error, PermanentError | SchemaError):
+    if isinstance(error, DETERMINISTIC) and not isinstance(error, TransientError):
         return Route.DEAD_LETTER
     if attempt >= policy.max_attempts:
         return Route.DEAD_LETTER

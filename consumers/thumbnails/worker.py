@@ -13,10 +13,11 @@ from typing import Any
 
 from PIL import Image
 
-from consumers.ocr.pages import IMAGE_TYPES, PDF, render_preview
+from consumers.ocr.pages import render_preview
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings
 from docstream.topology import THUMBNAILED
+from docstream.validation import IMAGE_TYPES, PDF
 
 VERSION = "webp-1"
 

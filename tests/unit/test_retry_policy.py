@@ -7,7 +7,7 @@ import random
 import pytest
 
 from consumers.runtime.retry import Route, backoff_ms, route
-from docstream.errors import DecodeError, PermanentError, TransientError
+from docstream.errors import BlobStoreError, DecodeError, InvalidEventError, PermanentError, TransientError
 from docstream.settings import RetryPolicy
 
 POLICY = RetryPolicy(max_attempts=4, initial_backoff_ms=100, max_backoff_ms=1000, multiplier=3.0, jitter=0.0)
@@ -33,6 +33,14 @@ def test_jitter_stays_within_its_share() -> None:
         (RuntimeError("bug"), 1, Route.RETRY),
         (PermanentError("broken pdf"), 1, Route.DEAD_LETTER),
         (DecodeError("garbage"), 1, Route.DEAD_LETTER),
+        # Failures that cannot heal are permanent at once, not retried max_attempts times.
+        (ValueError("invalid literal for int()"), 1, Route.DEAD_LETTER),
+        (KeyError("size_bytes"), 1, Route.DEAD_LETTER),
+        (TypeError("unsupported operand"), 1, Route.DEAD_LETTER),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), 1, Route.DEAD_LETTER),
+        (InvalidEventError("size_bytes -5"), 1, Route.DEAD_LETTER),
+        (BlobStoreError("cannot read: timed out"), 1, Route.RETRY),
+        (OSError("connection reset"), 1, Route.RETRY),
     ],
 )
 def test_route(error: BaseException, attempt: int, expected: Route) -> None:

@@ -24,6 +24,7 @@ class Ctx:
     def __init__(self, record: dict[str, Any]) -> None:
         self.record = record
         self.emitted: list[tuple[str, bytes | None]] = []
+        self.origin = ("doc.uploaded", 0, 7, record["uploaded_at"])
 
     def emit(self, topic: str, key: bytes | None, value: bytes, headers: Any = None) -> None:
         self.emitted.append((topic, key))
@@ -35,6 +36,7 @@ def upload(blobs: BlobStore, document_id: str, text: bytes) -> dict[str, Any]:
         "document_id": document_id,
         "tenant": "acme",
         "content_sha256": stored.sha256,
+        "size_bytes": stored.size,
         "blob_uri": stored.uri,
         "content_type": "text/plain",  # no thumbnail to render: an empty list
         "uploaded_at": 1_790_000_000_000,
