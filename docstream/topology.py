@@ -37,7 +37,7 @@ GROUPS: tuple[GroupSpec, ...] = (
     GroupSpec("thumbnails", (DOC_UPLOADED,)),
     GroupSpec("analytics", (DOC_UPLOADED, OCR_DONE, EMBEDDED, THUMBNAILED)),
     # The sink also reads the dead-letter topics of the worker groups (consumers.warehouse.sink).
-    GroupSpec("warehouse", RESULT_TOPICS),
+    GroupSpec("warehouse", (DOC_UPLOADED, *RESULT_TOPICS)),
 )
 
 

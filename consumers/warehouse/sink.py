@@ -1,29 +1,40 @@
-"""The warehouse sink: completion events and dead letters into ClickHouse, in batches.
+"""The warehouse sink: uploads, completion events, rollups and dead letters into ClickHouse, in batches.
 
-It is a handler for the runtime `Worker`, reading the result topics (doc.ocr.done,
-doc.embedded, doc.thumbnailed) and the dead-letter topics of the ocr, embeddings and
-thumbnails groups. Per message, in this order:
+It is a handler for the runtime `Worker`, reading doc.uploaded, the result topics (doc.ocr.done,
+doc.embedded, doc.thumbnailed), analytics.rollups and the dead-letter topics of the ocr,
+embeddings and thumbnails groups. Per message, in this order:
 
-    1. decode it by topic (Avro completion event, or a plain dead-letter record + headers);
-    2. turn it into rows (a doc.embedded also reads its result object: one row per chunk);
-    3. add the rows to the open batch with `done = ctx.defer()`: the message is not done yet;
-    4. the flusher thread inserts the batch, table by table, once it holds `batch_rows` rows or
-       its first row waited `batch_ms`, whichever comes first; chunks go first, so a document's
-       current embeddings version (its `stage_results` row) never names chunks not yet inserted;
-    5. then it calls every `done(None)` of the batch (or `done(exc)` for all of them when an
-       insert failed: the runtime retries or dead-letters those messages).
+    1. decode it by the topic it was first published to (`ctx.origin`: a message retried through
+       the sink's retry topic is read as what it was): an Avro event, a rollup (JSON), or a plain
+       dead-letter record + headers;
+    2. validate it (`docstream.validation`, against the record's own Kafka timestamp): an invalid
+       event raises InvalidEventError, the runtime dead-letters it with the reason, and nothing
+       of it is written. A doc.embedded's result object is read only when its idempotency key is
+       its own and its result_uri is that key's object in the blob store;
+    3. turn it into rows (a doc.embedded: one row per chunk of its result object too);
+    4. add the rows to the open batch with `done = ctx.defer()`: the message is not done yet;
+    5. the flusher thread writes the batch (`write_batch`), table by table, once it holds
+       `batch_rows` rows or its first row waited `batch_ms`, whichever comes first; chunks go
+       first, so a document's current embeddings row (in `stage_results`) never names chunks not
+       yet inserted. An insert the warehouse refuses (PermanentError) is split in halves until
+       the refused messages are alone;
+    6. then it calls `done(exc)` for each refused message (the runtime dead-letters it) and
+       `done(None)` for every other one; when the warehouse is unreachable (TransientError, or
+       anything unexpected) every message of the batch gets that error and takes the retry path.
 
 Only then may the runtime store the messages' offsets. An insert repeated after a crash or a
 retry is harmless: every table is a ReplacingMergeTree keyed by the row's identity.
 
-The row builders (`stage_result_row`, `chunk_rows`, `dead_letter_row`) are pure functions.
-The sink's worker should allow at least `batch_rows` messages in flight, or batches will
-close on time rather than on size (see `sink_runtime`).
+The row builders (`upload_row`, `stage_result_row`, `chunk_rows`, `dead_letter_row`,
+`rollup_row`) and `write_batch` are pure functions. The sink's worker should allow at least
+`batch_rows` messages in flight, or batches will close on time rather than on size (see
+`sink_runtime`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,10 +44,21 @@ from typing import TYPE_CHECKING, Any
 
 from consumers.runtime import Context
 from consumers.runtime import headers as hdr
+from docstream import validation
 from docstream.blobstore import BlobStore
-from docstream.errors import PermanentError
+from docstream.errors import InvalidEventError, PermanentError
+from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings
-from docstream.topology import EMBEDDED, OCR_DONE, ROLLUPS, THUMBNAILED, dead_letter_topic, group_id
+from docstream.topology import (
+    DOC_UPLOADED,
+    EMBEDDED,
+    OCR_DONE,
+    ROLLUPS,
+    THUMBNAILED,
+    dead_letter_topic,
+    group_id,
+)
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
 
 if TYPE_CHECKING:  # the row builders and the batcher import no ClickHouse client
@@ -46,7 +68,18 @@ STAGE_RESULTS = "docstream.stage_results"
 CHUNKS = "docstream.chunks"
 DEAD_LETTERS = "docstream.dead_letters"
 ROLLUPS_TABLE = "docstream.rollups"
+UPLOADS = "docstream.uploads"
 
+UPLOAD_COLUMNS = (
+    "document_id",
+    "tenant",
+    "content_sha256",
+    "size_bytes",
+    "content_type",
+    "uploaded_at",
+    "source_partition",
+    "source_offset",
+)
 STAGE_RESULT_COLUMNS = (
     "document_id",
     "tenant",
@@ -63,6 +96,8 @@ STAGE_RESULT_COLUMNS = (
     "computed_at",
     "upload_at",
     "processing_ms",
+    "content_type",
+    "upload_offset",
 )
 CHUNK_COLUMNS = (
     "document_id",
@@ -86,7 +121,7 @@ DEAD_LETTER_COLUMNS = (
     "attempts",
     "dead_lettered_at",
 )
-ROLLUP_STAGES = ("ocr", "embeddings", "thumbnails")
+ROLLUP_STAGES = validation.STAGES
 ROLLUP_COLUMNS = (
     "window_size_s",
     "window_start",
@@ -98,32 +133,57 @@ ROLLUP_COLUMNS = (
     "pages",
     *(f"{stage}_{name}" for stage in ROLLUP_STAGES for name in ("count", "sum_ms", "p50_ms", "p95_ms")),
     "sketch",
+    "revision",
 )
 COLUMNS: dict[str, tuple[str, ...]] = {
+    UPLOADS: UPLOAD_COLUMNS,
     STAGE_RESULTS: STAGE_RESULT_COLUMNS,
     CHUNKS: CHUNK_COLUMNS,
     DEAD_LETTERS: DEAD_LETTER_COLUMNS,
     ROLLUPS_TABLE: ROLLUP_COLUMNS,
 }
 DEAD_LETTERED_GROUPS = ("ocr", "embeddings", "thumbnails")
+# The stage each completion event type is about (an event of one topic naming another stage is refused).
+EVENT_STAGES = {"doc.ocr.done": "ocr", "doc.embedded": "embeddings", "doc.thumbnailed": "thumbnails"}
+MAX_PARTITION = 65_535  # rollups.source_partition and uploads.source_partition are UInt16
+MAX_WINDOW_MS = (2**32 - 1) * 1000  # rollups.window_size_s is UInt32
+MAX_UINT63 = 2**63 - 1  # the counts are UInt64 columns; an Avro long is at most this
 
 Row = tuple[Any, ...]
 Rows = dict[str, list[Row]]  # table -> rows
 Done = Callable[[BaseException | None], None]
 Insert = Callable[[str, list[Row]], None]  # (table, rows); raises to fail the batch
+Origin = tuple[str, int, int, int]  # where a record was first published: topic, partition, offset, ms
 
 
 # -- rows (pure) -------------------------------------------------------------------------------
+
+
+def upload_row(upload: Mapping[str, Any], partition: int, offset: int) -> Row:
+    """The `uploads` row of a (validated) doc.uploaded read from `partition` at `offset`."""
+    return (
+        upload["document_id"],
+        upload["tenant"],
+        upload["content_sha256"],
+        int(upload["size_bytes"]),
+        upload["content_type"],
+        _timestamp(upload["uploaded_at"]),
+        partition,
+        offset,
+    )
 
 
 def stage_result_row(event: Mapping[str, Any]) -> Row:
     """The `stage_results` row of a completion event (any stage); its own fields go to `details`.
 
     `computed_at` is when the result was first computed (completed_at for events written before
-    the field existed): the warehouse's current version of a stage is the one computed last.
+    the field existed): among the rows of one upload, the current one is the one computed last.
+    `upload_offset` is the doc.uploaded offset the result is for (-1 for events without one): the
+    latest upload's rows are current. `content_type` is '' for events without one.
     """
     own = set(STAGE_RESULT_COLUMNS)
     computed_at = event.get("computed_at")
+    upload_offset = event.get("upload_offset")
     details = {name: value for name, value in event.items() if name not in own}
     return (
         event["document_id"],
@@ -141,6 +201,8 @@ def stage_result_row(event: Mapping[str, Any]) -> Row:
         _timestamp(event["completed_at"] if computed_at is None else computed_at),
         _timestamp(event["upload_at"]),
         max(0, int(event["processing_ms"])),
+        event.get("content_type") or "",
+        -1 if upload_offset is None else int(upload_offset),
     )
 
 
@@ -179,27 +241,92 @@ def dead_letter_row(topic: str, key: bytes | None, headers: Mapping[str, str], t
     )
 
 
-def rollup_row(rollup: Mapping[str, Any]) -> Row:
+def rollup_row(rollup: Any, limits: Limits = DEFAULT_LIMITS, *, produced_at_ms: int | None = None) -> Row:
     """The `rollups` row of an analytics.rollups record (consumers.analytics.windows.Rollup.to_dict,
-    plus the source `partition` whose partial it is: consumers.analytics.app)."""
-    latency = rollup["latency"]
+    plus the source `partition` whose partial it is, consumers.analytics.app, and its `revision`:
+    0 when absent, higher each time a late event amends the window).
+
+    InvalidEventError when the record is not of that shape (a missing or mistyped field, a latency
+    sketch whose counts do not add up), counts anything negative, or its window starts after the
+    record was produced (`produced_at_ms`, its Kafka timestamp, plus `limits.max_future_skew_ms`).
+    """
+    what = "rollup"
+    if not isinstance(rollup, Mapping):
+        raise InvalidEventError(f"{what}: a JSON object expected, got {type(rollup).__name__}")
+    latency = rollup.get("latency")
+    if not isinstance(latency, Mapping) or not set(latency) <= set(ROLLUP_STAGES):
+        raise InvalidEventError(f"{what}: latency must map some of {', '.join(ROLLUP_STAGES)} to their stats")
     per_stage: list[Any] = []
+    sketches: dict[str, Any] = {}
     for stage in ROLLUP_STAGES:
-        stats = latency.get(stage) or {"count": 0, "p50_ms": None, "p95_ms": None, "sketch": {"sum": 0}}
-        per_stage += [int(stats["count"]), int(stats["sketch"]["sum"]), stats["p50_ms"], stats["p95_ms"]]
-    sketches = {stage: stats["sketch"] for stage, stats in latency.items()}
+        if stage not in latency:
+            per_stage += [0, 0, None, None]
+            continue
+        count, total_ms, p50, p95 = _stage_latency(latency[stage], f"{what}: latency.{stage}")
+        per_stage += [count, total_ms, p50, p95]
+        sketches[stage] = latency[stage]["sketch"]
+    window_size_ms = _whole(rollup.get("window_size"), "window_size", what, MAX_WINDOW_MS)
+    if window_size_ms < 1000:
+        raise InvalidEventError(f"{what}: window_size {window_size_ms} ms is shorter than a second")
+    content_type = rollup.get("content_type")
+    if (
+        not isinstance(content_type, str)
+        or not 0 < len(content_type) <= 255
+        or not content_type.isprintable()
+    ):
+        raise InvalidEventError(
+            f"{what}: content_type {content_type!r:.80} is not 1..255 printable characters"
+        )
     return (
-        int(rollup["window_size"]) // 1000,
-        _timestamp(int(rollup["window_start"])),
-        rollup["tenant"],
-        rollup["content_type"],
-        int(rollup.get("partition", 0)),
-        int(rollup["documents"]),
-        int(rollup["bytes"]),
-        int(rollup["pages"]),
+        window_size_ms // 1000,
+        _timestamp(
+            validation.timestamp_ms(rollup.get("window_start"), "window_start", what, limits, produced_at_ms)
+        ),
+        validation.tenant(rollup.get("tenant"), what),
+        content_type,
+        _whole(rollup.get("partition", 0), "partition", what, MAX_PARTITION),
+        _whole(rollup.get("documents"), "documents", what),
+        _whole(rollup.get("bytes"), "bytes", what),
+        _whole(rollup.get("pages"), "pages", what),
         *per_stage,
         json.dumps(sketches, sort_keys=True),
+        _whole(rollup.get("revision", 0), "revision", what),
     )
+
+
+def _stage_latency(stats: Any, what: str) -> tuple[int, int, float | None, float | None]:
+    """(count, sum ms, p50, p95) of one stage's latency stats in a rollup, checked.
+
+    The sketch itself is the analytics worker's (consumers.analytics.sketch); the sink checks only
+    what it copies out of it, and that it counts what the stats count.
+    """
+    if not isinstance(stats, Mapping) or not isinstance(stats.get("sketch"), Mapping):
+        raise InvalidEventError(f"{what}: a JSON object with a sketch object expected")
+    count = _whole(stats.get("count"), "count", what)
+    sketch = stats["sketch"]
+    if _whole(sketch.get("count"), "sketch.count", what) != count:
+        raise InvalidEventError(f"{what}: count {count} but the sketch counts {sketch['count']}")
+    return (
+        count,
+        _whole(sketch.get("sum"), "sketch.sum", what),
+        _quantile(stats.get("p50_ms"), "p50_ms", what),
+        _quantile(stats.get("p95_ms"), "p95_ms", what),
+    )
+
+
+def _whole(value: Any, name: str, what: str, maximum: int = MAX_UINT63) -> int:
+    """`value` when it is an integer within 0..maximum, else InvalidEventError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidEventError(f"{what}: {name} {value!r:.80} is not an integer within 0..{maximum}")
+    return value
+
+
+def _quantile(value: Any, name: str, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise InvalidEventError(f"{what}: {name} {value!r:.80} is not a latency in ms")
+    return float(value)
 
 
 def _timestamp(value: datetime | int) -> datetime:
@@ -214,7 +341,7 @@ def _timestamp(value: datetime | int) -> datetime:
 
 @dataclass(frozen=True)
 class SinkTopics:
-    """What the sink reads: the result topics by event type, and dead-letter topics."""
+    """What the sink reads: doc.uploaded and the result topics by event type, and dead-letter topics."""
 
     results: Mapping[str, str]  # topic -> event type
     dead_letters: frozenset[str]
@@ -223,7 +350,12 @@ class SinkTopics:
     @classmethod
     def declared(cls, group_prefix: str = "docstream.") -> SinkTopics:
         return cls(
-            {OCR_DONE: "doc.ocr.done", EMBEDDED: "doc.embedded", THUMBNAILED: "doc.thumbnailed"},
+            {
+                DOC_UPLOADED: "doc.uploaded",
+                OCR_DONE: "doc.ocr.done",
+                EMBEDDED: "doc.embedded",
+                THUMBNAILED: "doc.thumbnailed",
+            },
             frozenset(dead_letter_topic(group_id(g, group_prefix)) for g in DEAD_LETTERED_GROUPS),
             ROLLUPS,
         )
@@ -241,8 +373,47 @@ def sink_runtime(runtime: RuntimeSettings, batch_rows: int) -> RuntimeSettings:
 # -- batching ----------------------------------------------------------------------------------
 
 
+def write_batch(insert: Insert, messages: Sequence[Rows]) -> list[PermanentError | None]:
+    """Insert the rows of `messages` table by table, chunks first; per message, the PermanentError
+    that refused its rows, or None when they are all in.
+
+    An insert the warehouse refuses (PermanentError: rows it rejects or that cannot be encoded) is
+    split into halves, recursively, until each refused message is alone: k refused messages among
+    n cost at most 1 + 2k*log2(n) inserts per table, and every other row is inserted exactly once.
+    A message refused in one table has nothing inserted into the tables after it (its
+    `stage_results` row never names chunks that are not there). Any other exception (the
+    warehouse unreachable: TransientError) propagates: the caller fails the whole batch.
+    """
+    refused: list[PermanentError | None] = [None] * len(messages)
+    tables = dict.fromkeys(table for rows in messages for table in rows)
+    for table in sorted(tables, key=lambda name: name != CHUNKS):
+        holders = [i for i, rows in enumerate(messages) if rows.get(table) and refused[i] is None]
+        if holders:
+            _insert_isolating(insert, table, messages, holders, refused)
+    return refused
+
+
+def _insert_isolating(
+    insert: Insert,
+    table: str,
+    messages: Sequence[Rows],
+    indices: list[int],
+    refused: list[PermanentError | None],
+) -> None:
+    try:
+        insert(table, [row for i in indices for row in messages[i][table]])
+    except PermanentError as exc:
+        if len(indices) == 1:
+            refused[indices[0]] = exc
+            return
+        half = len(indices) // 2
+        _insert_isolating(insert, table, messages, indices[:half], refused)
+        _insert_isolating(insert, table, messages, indices[half:], refused)
+
+
 class Batcher:
-    """Rows of many messages, inserted per table by one flusher thread; then their `done`s.
+    """Rows of many messages, written per table by one flusher thread (`write_batch`); then their
+    `done`s: None for a message whose rows are in, the error for one whose rows were refused.
 
     A batch closes when it holds `batch_rows` rows or its first row waited `batch_ms`,
     whichever comes first, and at `close()`. `clock` is in seconds (monotonic).
@@ -260,7 +431,7 @@ class Batcher:
         self._insert, self._batch_rows, self._batch_s = insert, batch_rows, batch_ms / 1000
         self._clock, self._on_flush = clock, on_flush
         self._cond = threading.Condition()
-        self._tables: Rows = {}
+        self._messages: list[Rows] = []
         self._dones: list[Done] = []
         self._rows, self._since = 0, 0.0
         self._closing = False
@@ -277,10 +448,9 @@ class Batcher:
             opens = not self._dones
             if opens:
                 self._since = self._clock()
-            for table, table_rows in rows.items():
-                self._tables.setdefault(table, []).extend(table_rows)
-                self._rows += len(table_rows)
+            self._messages.append(rows)
             self._dones.append(done)
+            self._rows += sum(len(table_rows) for table_rows in rows.values())
             if opens or self._rows >= self._batch_rows:  # the flusher starts the batch's timer, or flushes
                 self._cond.notify()
 
@@ -298,11 +468,11 @@ class Batcher:
                 while not self._due():
                     wait = self._since + self._batch_s - self._clock() if self._dones else None
                     self._cond.wait(wait)
-                tables, dones, rows = self._tables, self._dones, self._rows
-                self._tables, self._dones, self._rows = {}, [], 0
+                messages, dones = self._messages, self._dones
+                self._messages, self._dones, self._rows = [], [], 0
                 closing = self._closing
             if dones:
-                self._flush(tables, dones, rows)
+                self._flush(messages, dones)
             if closing:
                 return
 
@@ -311,18 +481,23 @@ class Batcher:
             return True
         return bool(self._dones) and self._clock() - self._since >= self._batch_s
 
-    def _flush(self, tables: Rows, dones: list[Done], rows: int) -> None:
+    def _flush(self, messages: list[Rows], dones: list[Done]) -> None:
         started = self._clock()
-        error: BaseException | None = None
+        outcomes: Sequence[BaseException | None]
         try:
-            for table in sorted(tables, key=lambda name: name != CHUNKS):
-                self._insert(table, tables[table])
-        except Exception as exc:  # every message of the batch takes the retry path with it
-            error = exc
-        for done in dones:
-            done(error)
-        if self._on_flush is not None and error is None:
-            self._on_flush(rows, self._clock() - started)
+            outcomes = write_batch(self._insert, messages)
+        except Exception as exc:  # the warehouse is unreachable: every message takes the retry path
+            outcomes = [exc] * len(messages)
+        for done, outcome in zip(dones, outcomes, strict=True):
+            done(outcome)
+        inserted = sum(
+            len(table_rows)
+            for rows, outcome in zip(messages, outcomes, strict=True)
+            if outcome is None
+            for table_rows in rows.values()
+        )
+        if self._on_flush is not None and inserted:
+            self._on_flush(inserted, self._clock() - started)
 
 
 # -- the handler -------------------------------------------------------------------------------
@@ -341,8 +516,10 @@ class WarehouseSink:
         batch_rows: int = 500,
         batch_ms: int = 1000,
         clock: Callable[[], float] = time.monotonic,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self._blobs, self._codec, self._topics = blobs, codec, topics
+        self._limits = limits
         self.inserted_rows, self.insert_seconds = 0, 0.0
         self._batcher = Batcher(
             insert, batch_rows=batch_rows, batch_ms=batch_ms, clock=clock, on_flush=self._count
@@ -356,40 +533,67 @@ class WarehouseSink:
         self._batcher.close()
 
     def __call__(self, message: Any, ctx: Context) -> None:
-        rows = self.rows(message, ctx.coordinates)  # 1. + 2.
-        self._batcher.add(rows, ctx.defer())  # 3. (4. and 5. in the flusher)
+        rows = self.rows(message, ctx.origin, ctx.coordinates)  # 1. - 3.
+        self._batcher.add(rows, ctx.defer())  # 4. (5. and 6. in the flusher)
 
-    def rows(self, message: Any, coordinates: str = "") -> Rows:
-        """The rows of one message, per table."""
-        topic = message.topic()
+    def rows(self, message: Any, origin: Origin, coordinates: str = "") -> Rows:
+        """The rows of one message, per table; `origin` is where it was first published."""
+        topic, partition, offset, produced_ms = origin
         if topic in self._topics.dead_letters:
+            if message.topic() != topic:  # the sink's retry record replaced the dead letter's headers
+                raise PermanentError(
+                    f"{coordinates}: a dead letter of {topic} retried by the sink no longer carries its"
+                    " original headers; read it from its dead-letter topic"
+                )
             headers = hdr.to_dict(message.headers())
             return {DEAD_LETTERS: [dead_letter_row(topic, message.key(), headers, message.timestamp()[1])]}
         if topic == self._topics.rollups:
             try:
                 rollup = json.loads(message.value() or b"")
             except ValueError as exc:
-                raise PermanentError(f"{coordinates}: a rollup is not JSON: {exc}") from exc
-            return {ROLLUPS_TABLE: [rollup_row(rollup)]}
+                raise InvalidEventError(f"{coordinates}: a rollup is not JSON: {exc}") from exc
+            return {ROLLUPS_TABLE: [rollup_row(rollup, self._limits, produced_at_ms=produced_ms)]}
         event_type = self._topics.results.get(topic)
         if event_type is None:
             raise PermanentError(f"the warehouse sink does not read {topic}")
         event = self._codec.decode(event_type, message.value() or b"", topic=topic, coordinates=coordinates)
+        if event_type == "doc.uploaded":
+            validate_upload(event, self._limits, produced_at_ms=produced_ms)
+            return {UPLOADS: [upload_row(event, partition, offset)]}
+        validate_completion(event, self._limits, produced_at_ms=produced_ms)
+        _check_own_key(event, EVENT_STAGES.get(event_type))
         rows: Rows = {STAGE_RESULTS: [stage_result_row(event)]}
         if event_type == "doc.embedded":
-            rows[CHUNKS] = chunk_rows(event, self._result(event["result_uri"]))
+            rows[CHUNKS] = self._chunks(event)
         return rows
 
-    def _result(self, uri: str) -> dict[str, Any]:
+    def _chunks(self, event: Mapping[str, Any]) -> list[Row]:
+        """The chunk rows of a doc.embedded: from its own key's result object, and nowhere else."""
+        uri = event["result_uri"]
+        data = self._blobs.get_result_at("embeddings", event["idempotency_key"], uri)
         try:
-            stored: dict[str, Any] = json.loads(self._blobs.get(uri))
-        except ValueError as exc:
-            raise PermanentError(f"result object {uri} is not JSON: {exc}") from exc
-        return stored
+            return chunk_rows(event, json.loads(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidEventError(
+                f"result object {uri} is not an embeddings result ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _count(self, rows: int, seconds: float) -> None:
         self.inserted_rows += rows
         self.insert_seconds += seconds
+
+
+def _check_own_key(event: Mapping[str, Any], stage: str | None) -> None:
+    """InvalidEventError unless a (validated) completion is of `stage` and its idempotency key is the
+    one its content, stage and version give: the key names the result object the sink may read."""
+    if event["stage"] != stage:
+        raise InvalidEventError(f"a completion of stage {event['stage']!r} on the topic of stage {stage!r}")
+    expected = idempotency_key(event["content_sha256"], event["stage"], event["model_version"])
+    if event["idempotency_key"] != expected:
+        raise InvalidEventError(
+            f"completion of stage {stage!r}: idempotency_key {event['idempotency_key']} is not the key of its"
+            f" content, stage and model version ({expected})"
+        )
 
 
 def warehouse_insert(warehouse: Warehouse) -> Insert:

@@ -75,6 +75,7 @@ MIGRATIONS = [
     "002_rollups.sql",
     "003_rollups_by_partition.sql",
     "004_model_versions.sql",
+    "005_trust.sql",
 ]
 
 
@@ -109,6 +110,7 @@ def test_migrating_twice_applies_each_file_once(warehouse_url: str) -> None:
         "schema_migrations",
         "current_results",
         "current_chunks",
+        "uploads",
     }
     assert sorted(applied) == [(name,) for name in MIGRATIONS]
 
@@ -252,6 +254,7 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
         "rollups",
         "schema_migrations",
         "stage_results",
+        "uploads",
     ]
 
     bad = invoke(warehouse_url, "sql", "SELECT nope FROM docstream.chunks")

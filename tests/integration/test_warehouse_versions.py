@@ -162,7 +162,8 @@ def test_rows_from_before_the_migration_read_computed_at_as_completed_at(tmp_pat
     before.mkdir()
     for path in sorted(DDL_DIR.glob("00[123]_*.sql")):
         shutil.copy(path, before)
-    old_columns = [c for c in STAGE_RESULT_COLUMNS if c != "computed_at"]
+    added_later = {"computed_at", "content_type", "upload_offset"}  # by 004 and 005
+    old_columns = [c for c in STAGE_RESULT_COLUMNS if c not in added_later]
     old_row = dict(
         zip(
             STAGE_RESULT_COLUMNS,
@@ -173,7 +174,7 @@ def test_rows_from_before_the_migration_read_computed_at_as_completed_at(tmp_pat
     with Warehouse(f"chdb://{tmp_path / 'warehouse'}") as warehouse:
         assert warehouse.migrate(before) == [p.name for p in sorted(before.glob("*.sql"))]
         warehouse.insert(STAGE_RESULTS, [tuple(old_row[c] for c in old_columns)], old_columns)
-        assert warehouse.migrate(DDL_DIR) == ["004_model_versions.sql"]
+        assert warehouse.migrate(DDL_DIR) == ["004_model_versions.sql", "005_trust.sql"]
         assert versions(warehouse, "ocr", "doc-1") == [("ocr-v1", utc(T0 + 1000), utc(T0 + 1000))]
         assert current(warehouse) == [("ocr", "doc-1", "ocr-v1", utc(T0 + 1000))]
         insert_results(

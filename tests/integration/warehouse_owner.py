@@ -89,6 +89,7 @@ def fill(warehouse: Warehouse) -> None:
         5,
         *stats,
         json.dumps({"ocr": sketch.to_dict()}),
+        0,  # revision
     )
     warehouse.insert(ROLLUPS_TABLE, [rollup], ROLLUP_COLUMNS)
 

@@ -30,6 +30,8 @@ def test_declared_targets_are_the_topology_groups_and_the_sink_reads_dead_letter
     assert targets["docstream.ocr"] == (DOC_UPLOADED,)
     assert "docstream.ocr.dlq" in targets["docstream.warehouse"]
     assert "doc.embedded" in targets["docstream.warehouse"]
+    assert DOC_UPLOADED in targets["docstream.warehouse"]  # the sink writes the uploads too
+    assert set(next(g.inputs for g in GROUPS if g.name == "warehouse")) <= set(targets["docstream.warehouse"])
 
 
 def test_resolve_targets_by_short_name_id_or_any_group() -> None:

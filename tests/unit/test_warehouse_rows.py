@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -14,17 +15,21 @@ from consumers.warehouse.sink import (
     CHUNK_COLUMNS,
     CHUNKS,
     DEAD_LETTER_COLUMNS,
+    ROLLUP_COLUMNS,
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
+    UPLOAD_COLUMNS,
     Batcher,
     Row,
     SinkTopics,
     chunk_rows,
     dead_letter_row,
+    rollup_row,
     stage_result_row,
+    upload_row,
 )
 from consumers.warehouse.store import check_read_only, statements
-from docstream.errors import ConfigurationError
+from docstream.errors import ConfigurationError, InvalidEventError, TransientError
 
 OCR_DONE = {
     "document_id": "doc-1",
@@ -54,6 +59,46 @@ def test_a_completion_event_becomes_one_stage_row_with_its_own_fields_as_details
     assert row["computed_at"] == datetime(2025, 1, 2, 3, 4, 1, tzinfo=UTC)
     assert row["upload_at"] == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert row["processing_ms"] == 42
+    assert (row["content_type"], row["upload_offset"]) == ("", -1)  # an event without them
+
+
+def test_the_content_type_and_upload_offset_of_a_completion_are_columns_not_details() -> None:
+    event = {**OCR_DONE, "content_type": "application/pdf", "upload_offset": 9}
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    assert (row["content_type"], row["upload_offset"]) == ("application/pdf", 9)
+    assert set(json.loads(row["details"])) == {"engine", "mean_confidence"}
+    nulls = dict(
+        zip(
+            STAGE_RESULT_COLUMNS,
+            stage_result_row({**event, "content_type": None, "upload_offset": None}),
+            strict=True,
+        )
+    )
+    assert (nulls["content_type"], nulls["upload_offset"]) == ("", -1)
+
+
+def test_an_upload_becomes_one_uploads_row_with_where_it_was_read() -> None:
+    upload = {
+        "document_id": "doc-1",
+        "tenant": "acme",
+        "content_sha256": "a" * 64,
+        "size_bytes": 1234,
+        "content_type": "application/pdf",
+        "blob_uri": "file:///blobs/content/aa/" + "a" * 64,
+        "uploaded_at": datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "trace": {"traceparent": "00-x-y-01", "tracestate": None},
+    }
+    row = dict(zip(UPLOAD_COLUMNS, upload_row(upload, 3, 17), strict=True))
+    assert row == {
+        "document_id": "doc-1",
+        "tenant": "acme",
+        "content_sha256": "a" * 64,
+        "size_bytes": 1234,
+        "content_type": "application/pdf",
+        "uploaded_at": datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "source_partition": 3,
+        "source_offset": 17,
+    }
 
 
 @pytest.mark.parametrize("event", [{**OCR_DONE, "computed_at": None}, {**OCR_DONE, "computed_at": 0}])
@@ -135,9 +180,10 @@ def test_a_dead_letter_without_headers_is_named_after_its_topic() -> None:
     assert (row["group"], row["key"], row["attempts"], row["original_topic"]) == ("g.x", "", 1, "")
 
 
-def test_the_sink_reads_the_result_topics_the_stage_groups_dead_letters_and_the_rollups() -> None:
+def test_the_sink_reads_uploads_the_result_topics_the_stage_groups_dead_letters_and_the_rollups() -> None:
     topics = SinkTopics.declared("p.")
     assert topics.all == [
+        "doc.uploaded",
         "doc.ocr.done",
         "doc.embedded",
         "doc.thumbnailed",
@@ -216,9 +262,9 @@ def test_a_batch_is_inserted_once_its_first_row_waited_batch_ms() -> None:
     assert inserts.calls == [("a", [(1,)])]
 
 
-def test_a_failed_insert_fails_every_message_of_its_batch() -> None:
+def test_an_unreachable_warehouse_fails_every_message_of_its_batch() -> None:
     inserts, dones = Inserts(), Dones()
-    inserts.error = RuntimeError("warehouse down")
+    inserts.error = TransientError("warehouse down")
     dones.expected = 2
     batcher = Batcher(inserts, batch_rows=2, batch_ms=60_000)
     batcher.start()
@@ -286,7 +332,6 @@ def test_a_ddl_file_splits_into_its_statements_without_comments() -> None:
 
 def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns() -> None:
     from consumers.analytics.windows import Rollup
-    from consumers.warehouse.sink import ROLLUP_COLUMNS, SinkTopics, rollup_row
 
     rollup = Rollup(1_704_067_200_000, 60_000, "acme", "application/pdf", documents=2, bytes=300, pages=4)
     rollup.latency["ocr"].add(100)
@@ -306,4 +351,85 @@ def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns(
     assert ocr == (2, 400, 100.0, 100.0)
     assert (row["embeddings_count"], row["embeddings_sum_ms"], row["embeddings_p50_ms"]) == (0, 0, None)
     assert json.loads(row["sketch"])["ocr"]["count"] == 2
+    assert row["revision"] == 0  # a record without one: the first emission of its window
     assert SinkTopics({}, frozenset(), rollups="analytics.rollups").all == ["analytics.rollups"]
+    amended = dict(zip(ROLLUP_COLUMNS, rollup_row({**record, "revision": 3}), strict=True))
+    assert amended["revision"] == 3
+
+
+def a_rollup() -> dict[str, Any]:
+    """A good analytics.rollups record, as Rollup.to_dict writes it (one OCR latency of 100 ms)."""
+    sketch = {"relative_accuracy": 0.01, "count": 1, "sum": 100, "min": 100, "max": 100}
+    return {
+        "window_start": 1_704_067_200_000,
+        "window_size": 60_000,
+        "tenant": "acme",
+        "content_type": "application/pdf",
+        "documents": 2,
+        "bytes": 300,
+        "pages": 4,
+        "latency": {"ocr": {"count": 1, "p50_ms": 100.0, "p95_ms": 100.0, "sketch": sketch | {"zeros": 0}}},
+        "partition": 7,
+        "revision": 1,
+    }
+
+
+def test_a_good_rollup_passes_the_checks() -> None:
+    row = dict(zip(ROLLUP_COLUMNS, rollup_row(a_rollup(), produced_at_ms=1_704_067_300_000), strict=True))
+    assert (row["ocr_count"], row["ocr_sum_ms"], row["revision"], row["source_partition"]) == (1, 100, 1, 7)
+
+
+def _set(record: dict[str, Any], path: str, value: object) -> dict[str, Any]:
+    *parents, name = path.split(".")
+    target = record
+    for parent in parents:
+        target = target[parent]
+    if value is DELETE:
+        del target[name]
+    else:
+        target[name] = value
+    return record
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("documents", -1),
+        ("bytes", -300),
+        ("pages", -4),
+        ("revision", -1),
+        ("latency.ocr.count", -1),
+        ("latency.ocr.sketch.sum", -100),
+        ("latency.ocr.count", 5),  # the sketch counts 1
+        ("latency.ocr.p95_ms", -1.0),
+        ("documents", "2"),
+        ("documents", 2.5),
+        ("documents", True),
+        ("documents", DELETE),
+        ("latency", DELETE),
+        ("latency.ocr", None),
+        ("latency.ocr.sketch", DELETE),
+        ("latency.ocr.sketch", "x"),
+        ("latency.ocr.sketch.count", DELETE),
+        ("latency.gpu", {"count": 0}),
+        ("tenant", "a b"),
+        ("content_type", ""),
+        ("window_start", -1),
+        ("window_start", 99_999_999_999_999),  # far after the record was produced
+        ("window_size", 0),
+        ("partition", 70_000),
+    ],
+)
+def test_a_rollup_with_a_negative_count_or_a_malformed_shape_is_refused(path: str, value: object) -> None:
+    record = _set(a_rollup(), path, value)
+    with pytest.raises(InvalidEventError):
+        rollup_row(record, produced_at_ms=1_704_067_300_000)
+
+
+@pytest.mark.parametrize("record", [[], "x", None, 3])
+def test_a_rollup_that_is_not_a_json_object_is_refused(record: object) -> None:
+    with pytest.raises(InvalidEventError, match="JSON object"):
+        rollup_row(record)
