@@ -1,13 +1,15 @@
 """librdkafka configuration dictionaries built from the settings.
 
 Security settings (SASL/SSL) pass through unchanged; everything else is a docstream default
-that matters for correctness and is explained where it is set.
+that matters for correctness and is explained where it is set. The clients of a long-running
+process are `watched`: their logs and errors go to a `ConnectionWatch` instead of stderr.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from docstream.kafka_connection import ConnectionWatch
 from docstream.settings import RuntimeSettings, Settings
 
 
@@ -68,3 +70,9 @@ def consumer_config(connection: dict[str, Any], group_id: str, runtime: RuntimeS
         }
     )
     return conf
+
+
+def watched(conf: dict[str, Any], watch: ConnectionWatch) -> dict[str, Any]:
+    """`conf` with the client's logs and errors sent to `watch` (docstream.kafka_connection):
+    an outage is logged once, not on every reconnect attempt."""
+    return {**conf, **watch.client_config()}

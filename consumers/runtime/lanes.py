@@ -61,6 +61,7 @@ class LaneReport:
     awaiting_acks: list[Event] = field(default_factory=list)  # handled, result events in flight
     skipped: list[Event] = field(default_factory=list)  # of revoked partitions, not handled
     handled: int = 0
+    answers: bool = True  # False: the lane woke up for a delayed retry; nothing was handed to it
 
 
 @dataclass
@@ -165,8 +166,11 @@ class Lane:
                 timeout = max(0.0, (self._delayed[0][0] - self._clock_ms()) / 1000)
             try:
                 item = self.inbox.get(timeout=timeout)
-            except queue.Empty:
-                item = Chunk()
+            except queue.Empty:  # a delayed retry came due: a report that answers no hand-over
+                report = self.process(Chunk())
+                report.answers = False
+                self._report(report)
+                continue
             if item is STOP:
                 return
             self._report(self.process(item))

@@ -20,19 +20,25 @@ numbers match the source partitions this worker owns. So the owner of a key also
 retries, and the key's later events wait in its lane until the retried one is handled. On
 assignment, a source partition stays paused until the pending retries of its number have
 been read, so a new owner learns which keys are waiting before it handles later events.
+
+The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka_connection):
+a broker outage is logged once when it starts and once when it ends, and shows in `health()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import random
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -45,12 +51,18 @@ from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from docstream import kafka_config
 from docstream.errors import ConfigurationError, KafkaError
+from docstream.kafka_connection import ConnectionWatch
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
 TP = tuple[str, int]
 FETCH_BATCH = 1000
 PAUSE_AFTER_MS = 200  # a window full this long pauses fetching
+PROBE_TIMEOUT_S = 0.5  # the connection watch's metadata probe, while the brokers do not answer
+UNREAD = sys.maxsize  # the gate of a retry partition whose offsets could not be read yet
+READ_GATES_AGAIN_MS = 2000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,6 +79,37 @@ class RunStats:
     last_loop_ms: int = 0
     assigned: set[TP] = field(default_factory=set)
     stored: dict[TP, int] = field(default_factory=dict)  # the next offset to read, once stored
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """A worker's state for a health check (`Worker.health`, `docstream worker --health-port`)."""
+
+    group_id: str
+    broker_reachable: bool
+    broker_down_since: datetime | None
+    partitions: int  # source partitions assigned
+    in_flight: int
+    last_loop_at: datetime | None  # None before the loop's first turn
+    loop_stuck: bool  # the loop has not turned for longer than max.poll.interval.ms
+
+    @property
+    def ok(self) -> bool:
+        return self.broker_reachable and not self.loop_stuck
+
+    def as_dict(self) -> dict[str, Any]:
+        def iso(at: datetime | None) -> str | None:
+            return None if at is None else at.isoformat(timespec="milliseconds")
+
+        return {
+            "status": "ok" if self.ok else "degraded",
+            "group": self.group_id,
+            "broker": {"reachable": self.broker_reachable, "down_since": iso(self.broker_down_since)},
+            "partitions": self.partitions,
+            "in_flight": self.in_flight,
+            "last_loop_at": iso(self.last_loop_at),
+            "loop_stuck": self.loop_stuck,
+        }
 
 
 class Worker:
@@ -95,9 +138,11 @@ class Worker:
             dead_letter_to or dead_letter_topic(group_id),
         )
         self._runtime, self._clock, self._rng = runtime, clock, rng or random.Random()
+        self._watch = ConnectionWatch(group_id, clock=clock)
         conf = partial(self._consumer_config, connection, overrides=consumer_overrides)
         self._consumer, self._retries = Consumer(conf(group_id)), Consumer(conf(retry_group_id(group_id)))
-        self._producer = Producer(kafka_config.producer_config(connection, **{"linger.ms": 1}))
+        producer = kafka_config.producer_config(connection, **{"linger.ms": 1})
+        self._producer = Producer(kafka_config.watched(producer, self._watch))
         self._done: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._lanes = [
             Lane(
@@ -123,7 +168,9 @@ class Worker:
         self._to_store: dict[TP, int] = {}
         self._in_flight = 0  # fetched, not yet settled
         self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
+        self._callback_failure: Exception | None = None  # raised by a rebalance callback (_guarded)
         self._gates: dict[int, int] = {}  # retry partition -> end offset to read before its source runs
+        self._read_gates_at = 0  # when to read the offsets of UNREAD gates again (ms; 0: none)
         self._retry_numbers: set[int] = set()  # retry partitions assigned to `_retries`
         self._flow_paused = self._closing = False
         self._full_since = 0  # when the window became full (ms), 0 while it has room
@@ -137,7 +184,10 @@ class Worker:
         for thread in self._threads:
             thread.start()
         self._consumer.subscribe(
-            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            self.topics,
+            on_assign=self._guarded(self._on_assign),
+            on_revoke=self._guarded(self._on_revoke),
+            on_lost=self._guarded(self._on_lost),
         )
         try:
             while not self._stop.is_set() and not (until and until(self.stats)):
@@ -145,13 +195,29 @@ class Worker:
                 self._admit(retried, via_retry=True)  # 2. into the lanes, by key
                 self._admit(fresh, via_retry=False)
                 self._settle(block=not (retried or fresh))  # 3. lane reports, acks -> store offsets
-                self._flow_control()  # 4. pause / resume; health
+                self._flow_control()  # 4. pause / resume
+                self._watch.check(self._broker_answers)  # 5. health: an outage confirmed, or over
         finally:
             self._shutdown()
         return self.stats
 
     def stop(self) -> None:
         self._stop.set()
+
+    def health(self, stuck_after_s: float | None = None) -> WorkerHealth:
+        """The worker's health, from any thread. The loop counts as stuck when it has not turned
+        for `stuck_after_s` (default: max.poll.interval.ms, after which the group drops it)."""
+        stuck_after_s = self._runtime.max_poll_interval_ms / 1000 if stuck_after_s is None else stuck_after_s
+        connection, last_ms = self._watch.state(), self.stats.last_loop_ms
+        return WorkerHealth(
+            group_id=self.group_id,
+            broker_reachable=connection.reachable,
+            broker_down_since=connection.down_since,
+            partitions=sum(1 for topic, _ in self.stats.assigned.copy() if topic in self.topics),
+            in_flight=self._in_flight,
+            last_loop_at=datetime.fromtimestamp(last_ms / 1000, UTC) if last_ms else None,
+            loop_stuck=bool(last_ms) and self._now_ms() - last_ms > stuck_after_s * 1000,
+        )
 
     def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
         """The next offset each assigned partition will fetch (source or retry topic); call from
@@ -186,13 +252,16 @@ class Worker:
                 return [], []  # full for a moment: let the lanes catch up (see _flow_control)
             for raw in self._consumer.consume(1, 0.05):  # paused: serves rebalances, heartbeats
                 self._rewind(raw, via_retry=False)  # fetched before the pause took effect
+            self._raise_callback_failure()
             return [], []
         timeout = 0.0 if self._outstanding else 0.1
         try:
-            retried = self._retries.consume(room, 0) if self._retry_numbers else []
+            # Called with no retry partition too: it serves the client's logs and errors.
+            retried = self._retries.consume(room, 0)
             fresh = self._consumer.consume(max(1, room - len(retried)), timeout)
         except KafkaException as exc:
             raise KafkaError(f"{self.group_id}: consume failed: {exc}") from exc
+        self._raise_callback_failure()
         return retried, fresh
 
     @staticmethod
@@ -290,7 +359,12 @@ class Worker:
         self._store_offsets()
 
     def _settle_lane(self, report: LaneReport) -> None:
-        self._outstanding -= 1
+        # A lane thread also reports when it wakes up for a delayed retry (Lane.run): that report
+        # answers nothing handed to it. Counted, it left `_outstanding` below zero for good (no
+        # blocking consume, every _drain waiting out shutdown_timeout_s: an idle worker took 30 s
+        # to stop after a few retries).
+        if report.answers:
+            self._outstanding -= 1
         self.stats.handled += report.handled
         for segment, count in report.settled.items():
             self._settle_segment(segment, count)
@@ -396,6 +470,7 @@ class Worker:
         A window that is full for a moment (fast handlers) only skips a fetch: pausing would
         cost a refetch of up to fetch.wait.max.ms on resume. One that stays full (slow handlers)
         is paused, so that the loop can keep polling for rebalances without fetching more.
+        Retry gates whose offsets could not be read are read again here (`_read_gates`).
         """
         now = self._now_ms()
         if self._in_flight < self._runtime.max_in_flight:
@@ -406,6 +481,8 @@ class Worker:
             self._set_paused(True)
         elif self._flow_paused and self._in_flight <= self._runtime.max_in_flight * 3 // 4:
             self._set_paused(False)
+        if self._read_gates_at and now >= self._read_gates_at and self._watch.state().reachable:
+            self._read_gates()
         self.stats.in_flight = self._in_flight
         self.stats.last_loop_ms = now
 
@@ -423,9 +500,43 @@ class Worker:
     def _owns(self, consumer: Any, topic: str) -> bool:
         return (topic == self.retry_topic) == (consumer is self._retries)
 
+    def _broker_answers(self) -> bool:
+        """The connection watch's probe: a broker answers a metadata request (librdkafka sends
+        one; it waits up to the timeout for a broker to connect to)."""
+        try:
+            self._consumer.list_topics(self.topics[0], timeout=PROBE_TIMEOUT_S)
+        except KafkaException:
+            return False
+        return True
+
     # -- rebalances -------------------------------------------------------------------------
 
+    def _guarded(self, callback: Callable[[Any, list[Any]], None]) -> Callable[[Any, list[Any]], None]:
+        """A rebalance callback that never raises into the client.
+
+        confluent-kafka runs the callbacks inside consume() and close() and hands an exception
+        back from there; on Python < 3.12 one raised in C (a call on a closed consumer, say)
+        comes back mangled: `SystemError: _PyErr_SetObject: exception <class 'str'> is not a
+        BaseException subclass`. The loop raises the first failure itself once consume()
+        returns (`_raise_callback_failure`); `_shutdown` logs one from close().
+        """
+
+        def guarded(consumer: Any, partitions: list[Any]) -> None:
+            try:
+                callback(consumer, partitions)
+            except Exception as exc:
+                self._callback_failure = self._callback_failure or exc
+
+        return guarded
+
+    def _raise_callback_failure(self) -> None:
+        failure, self._callback_failure = self._callback_failure, None
+        if failure is not None:
+            raise KafkaError(f"{self.group_id}: rebalance failed: {failure!r}") from failure
+
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        if self._closing:  # a join that completed while _shutdown ran: close() revokes it again
+            return
         self.stats.rebalances += 1
         consumer.incremental_assign(partitions)
         self.stats.assigned |= {(tp.topic, tp.partition) for tp in partitions}
@@ -448,17 +559,37 @@ class Worker:
 
     def _close_gates(self, numbers: set[int]) -> None:
         """Pause source partitions until their retry partition's pending records are read."""
-        parts = [TopicPartition(self.retry_topic, n) for n in numbers]
-        committed = {tp.partition: tp.offset for tp in self._retries.committed(parts, timeout=10)}
-        for n in numbers:
-            low, high = self._retries.get_watermark_offsets(TopicPartition(self.retry_topic, n), timeout=10)
-            if max(committed.get(n, -1), low) < high:
-                self._gates[n] = high
+        self._gates |= dict.fromkeys(numbers, UNREAD)
+        self._read_gates()
         gated = [
             TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p in self._gates
         ]
         if gated:
             self._consumer.pause(gated)
+
+    def _read_gates(self) -> None:
+        """Where each UNREAD gate opens: at the end of its retry partition, or at once when nothing
+        past what was committed or read is pending there. Offsets that cannot be read (a broker
+        just back from an outage) are read again from `_flow_control` a little later; their source
+        partitions wait meanwhile."""
+        parts = [TopicPartition(self.retry_topic, n) for n, end in self._gates.items() if end == UNREAD]
+        if not parts:  # handed back meanwhile
+            self._read_gates_at = 0
+            return
+        try:
+            done = {tp.partition: tp.offset for tp in self._retries.committed(parts, timeout=10)}
+            read = {tp.partition: tp.offset for tp in self._retries.position(parts)}
+            ends = {tp.partition: self._retries.get_watermark_offsets(tp, timeout=10) for tp in parts}
+        except KafkaException as exc:
+            again, self._read_gates_at = self._read_gates_at, self._now_ms() + READ_GATES_AGAIN_MS
+            numbers = [tp.partition for tp in parts]
+            level = logging.DEBUG if again else logging.WARNING
+            log.log(level, "%s: retry partitions %s not read yet: %s", self.group_id, numbers, exc)
+            return
+        self._read_gates_at = 0
+        for n, (low, high) in ends.items():
+            self._gates[n] = high
+            self._open_gate(n, max(done.get(n, -1), read.get(n, -1), low))
 
     def _open_gate(self, number: int, position: int) -> None:
         if number in self._gates and position >= self._gates[number]:
@@ -536,13 +667,21 @@ class Worker:
             lane.inbox.put(STOP)
         for thread in self._threads:
             thread.join(timeout=self._runtime.shutdown_timeout_s)
+        # close() runs the callbacks still due, such as the assignment of a rejoin that completed
+        # while the loop was busy; they use `_retries`, which is closed after the group consumer.
         self._closing = True
-        self._retries.close()
-        self._consumer.close()
+        for consumer in (self._consumer, self._retries):
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("%s: closing a consumer: %s", self.group_id, exc)
+        if self._callback_failure is not None:
+            failure = self._callback_failure
+            log.warning("%s: a rebalance callback failed in close(): %r", self.group_id, failure)
 
     def _consumer_config(
         self, connection: dict[str, Any], group: str, overrides: dict[str, Any] | None
     ) -> dict[str, Any]:
         conf = kafka_config.consumer_config(connection, group, self._runtime)
         conf.update(overrides or {})
-        return conf
+        return kafka_config.watched(conf, self._watch)

@@ -15,11 +15,15 @@ import dataclasses
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import typer
 from confluent_kafka import Consumer, KafkaError
@@ -52,6 +56,7 @@ from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, ConfigurationError, DocstreamError
 from docstream.kafka_config import connection_config
+from docstream.kafka_connection import shown_on
 from docstream.settings import Settings
 from docstream.topology import (
     DOC_UPLOADED,
@@ -224,19 +229,71 @@ class _ConsoleLog(logging.Handler):
 
 
 @reports_errors
-def worker(name: str = typer.Argument(..., help=f"one of {', '.join(WORKER_GROUPS)}")) -> None:
-    """Run one worker of a group until SIGTERM / SIGINT (graceful: finish, commit, leave)."""
+def worker(
+    name: str = typer.Argument(..., help=f"one of {', '.join(WORKER_GROUPS)}"),
+    health_port: int | None = typer.Option(
+        None,
+        "--health-port",
+        min=0,
+        max=65535,
+        help="serve GET /healthz on 127.0.0.1:PORT (JSON; 200, or 503 while the broker is "
+        "unreachable or the loop stuck); 0: any free port, printed",
+    ),
+) -> None:
+    """Run one worker of a group until SIGTERM / SIGINT (graceful: finish, commit, leave).
+
+    A broker outage is logged once when it starts and once when it ends (docs/operations.md).
+    """
     s = settings()
     options = WorkerOptions()
     member = build_worker(name, s, options)
     member.install_signal_handlers()
     console.print(f"worker {name}: group {member.group_id}, topics {', '.join(member.topics)}")
-    stats = member.run()
+    with shown_on(sys.stderr), _serve_health(member, health_port) as url:
+        if url is not None:
+            console.print(f"worker {name}: health on {url}", soft_wrap=True)
+        stats = member.run()
     done = options.outcomes.snapshot()  # after an in-place replay: what was recomputed, what skipped
     console.print(
         f"worker {name} stopped: {stats.handled} handled ({done['computed']} computed, {done['reused']} "
         f"unchanged results reused, {done['ignored']} not applicable), {stats.dead_lettered} dead-lettered"
     )
+
+
+@contextmanager
+def _serve_health(member: Worker, port: int | None) -> Iterator[str | None]:
+    """`GET /healthz` on 127.0.0.1:`port` (0: any free) for the block, from a daemon thread: the
+    worker's `health()` as JSON, status 200 when it is ok, 503 when it is degraded. Its URL."""
+    if port is None:
+        yield None
+        return
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if urlsplit(self.path).path != "/healthz":
+                self.send_error(404)
+                return
+            health = member.health()
+            body = json.dumps(health.as_dict()).encode()
+            self.send_response(200 if health.ok else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """No access log on the worker's console."""
+
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), Health)
+    except OSError as exc:
+        raise ConfigurationError(f"--health-port {port}: cannot listen on 127.0.0.1: {exc}") from exc
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/healthz"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @reports_errors
