@@ -9,6 +9,7 @@ are translated into these once, at the adapter edge that calls the foreign libra
     │   └── ToolMissingError      java or mvn is not installed
     ├── KafkaError                a Kafka client call failed (translated KafkaException)
     │   └── DeliveryError         a produced event was not acknowledged by the broker
+    │       └── PublishTimeout    no acknowledgement in time: the event may still be stored
     ├── SchemaError               an .avsc file is invalid or a schema is unknown
     │   └── DecodeError           an event's bytes cannot be decoded (carries coordinates)
     ├── BlobStoreError            the blob store could not read or write an object
@@ -50,6 +51,19 @@ class KafkaError(DocstreamError):
 
 class DeliveryError(KafkaError):
     """The broker did not acknowledge a produced event."""
+
+
+class PublishTimeout(DeliveryError, TimeoutError):
+    """A publish waited `timeout` seconds without the broker's acknowledgement.
+
+    The event may still be stored: the producer keeps retrying it until its `message.timeout.ms`.
+    Publishing the same record again (`record`) is safe: docstream's consumers count an identical
+    event once (an upload is identified by its tenant, document id and `uploaded_at`).
+    """
+
+    def __init__(self, message: str, *, record: object = None, topic: str = "") -> None:
+        super().__init__(message, retriable=True)
+        self.record, self.topic = record, topic
 
 
 class SchemaError(DocstreamError):

@@ -14,6 +14,16 @@ Two ways to learn an event's fate:
 Delivery reports are served without a background thread: each produce calls `poll(0)`, and
 whoever waits for an outcome (`publish`, `DeliveryFuture.result`, `flush`) polls until it has it.
 
+A timeout has one meaning: `publish(..., timeout=s)` and `publish_document(..., timeout=s)` raise
+`PublishTimeout` when the broker has not acknowledged the event after `s` seconds; the event may
+still be stored (the producer retries it until `message.timeout.ms`), and the error carries the
+exact record. Publishing that record again is safe: docstream's consumers count an identical
+upload once (by tenant, document id and `uploaded_at`), and every stage emits the same completion
+for it. A caller that retries by publishing the document anew creates a second upload instead.
+
+Uploads are checked before anything is stored or sent (`docstream.validation`): an empty file, an
+unsupported content type or a bad id is refused with InvalidEventError.
+
     with Publisher.from_settings(settings) as publisher:
         doc = publisher.publish_document(Path("invoice.pdf"), tenant="acme")
         print(doc.document_id, doc.delivery.partition, doc.delivery.offset)
@@ -33,11 +43,13 @@ from typing import Any
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Message, Producer
 
+from docstream import validation
 from docstream.blobstore import BlobStore
-from docstream.errors import ConfigurationError, DeliveryError, KafkaError
+from docstream.errors import ConfigurationError, DeliveryError, InvalidEventError, KafkaError, PublishTimeout
 from docstream.kafka_config import connection_config, producer_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
 from producers.delivery import WAIT_SLICE_S, DeliveryCallback, DeliveryFuture, DeliveryResult, delivery_error
 from producers.events import (
     DOC_UPLOADED_EVENT,
@@ -121,6 +133,7 @@ class Publisher:
         overrides: Mapping[str, Any] | None = None,
         clock: Clock = utc_now,
         random_bytes: RandomBytes = os.urandom,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self._config: dict[str, Any] = producer_config(
             dict(connection),
@@ -136,6 +149,7 @@ class Publisher:
         self._blobs = blobs
         self._clock = clock
         self._random_bytes = random_bytes
+        self._limits = limits
         self._failed: list[DeliveryError] = []
         self._failed_count = 0
         self._closed = False
@@ -156,6 +170,7 @@ class Publisher:
             connection_config(settings),
             codec=make_codec(settings.schema_registry_url),
             blobs=BlobStore(settings.blob_root),
+            limits=Limits.from_settings(settings),
             **options,
         )
 
@@ -222,8 +237,11 @@ class Publisher:
         """Encode `record` as `event_type` and produce it, keyed by its `document_id`.
 
         The topic defaults to the event type (docstream's topics are named after their events).
+        A doc.uploaded record is validated first (InvalidEventError).
         """
         topic = topic or event_type
+        if event_type == DOC_UPLOADED_EVENT:
+            validate_upload(record, self._limits)
         value = self._require_codec().encode(event_type, record, topic=topic)
         return self.publish_raw_async(topic, _key_bytes(key, record), value, headers, on_delivery=on_delivery)
 
@@ -237,9 +255,22 @@ class Publisher:
         headers: Headers | None = None,
         timeout: float | None = None,
     ) -> DeliveryResult:
-        """`publish_async`, then wait for the acknowledgement; raises DeliveryError."""
+        """`publish_async`, then wait for the acknowledgement; raises DeliveryError, or PublishTimeout
+        (with the record: publishing it again is safe) when none came within `timeout` seconds."""
         future = self.publish_async(event_type, record, topic=topic, key=key, headers=headers)
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except TimeoutError as exc:
+            what = f"{event_type} of document {record.get('document_id')!r}"
+            retrying_ms = self._config.get("message.timeout.ms", 300_000)
+            raise PublishTimeout(
+                f"{what}: no acknowledgement from the broker within {timeout} s. It may still be stored: the"
+                f" producer keeps retrying until message.timeout.ms ({retrying_ms} ms). Publishing this same"
+                " record again (PublishTimeout.record) is safe: consumers count an identical event once;"
+                " publishing the document anew would be a second upload.",
+                record=dict(record),
+                topic=topic or event_type,
+            ) from exc
 
     # -- documents ----------------------------------------------------------------------
 
@@ -263,13 +294,15 @@ class Publisher:
         When step 2 fails the content stays stored; harmless, a retry finds it there.
         """
         content, name = _read_document(data)
+        content_type = content_type or guess_content_type(content, name)
+        self._check_document(content, name, tenant, document_id, content_type)  # before anything is stored
         stored = self._require_blobs().put_content(content)
         traceparent = new_traceparent(self._random_bytes)
         record = doc_uploaded_record(
             document_id=new_document_id(self._random_bytes) if document_id is None else document_id,
             tenant=tenant,
             content=stored,
-            content_type=content_type or guess_content_type(content, name),
+            content_type=content_type,
             uploaded_at=self._clock(),
             traceparent=traceparent,
             attributes=attributes,
@@ -309,8 +342,10 @@ class Publisher:
         described = metadata.topics.get(topic)
         if described is None or described.error is not None:
             reason = described.error.str() if described is not None and described.error else "absent"
-            raise KafkaError(f"topic {topic!r} is not available ({reason}); create it first "
-                             "(`docstream topics ensure` creates the declared topics)")
+            raise KafkaError(
+                f"topic {topic!r} is not available ({reason}); create it first "
+                "(`docstream topics ensure` creates the declared topics)"
+            )
         return len(described.partitions)
 
     def pending(self) -> int:
@@ -368,6 +403,21 @@ class Publisher:
             log.error("while handling %r: %s", exc, close_error)
 
     # -- internals ----------------------------------------------------------------------
+
+    def _check_document(
+        self, content: bytes, name: str | None, tenant: str, document_id: str | None, content_type: str
+    ) -> None:
+        """What can be checked of an upload before its content is stored (the whole record is
+        validated again when it is published)."""
+        what = f"document {name or document_id or ''}".strip()
+        if not content:
+            raise InvalidEventError(f"{what} is empty: there is nothing in it to process")
+        if len(content) > self._limits.max_bytes:
+            raise InvalidEventError(f"{what}: {len(content)} bytes > the limit of {self._limits.max_bytes}")
+        validation.content_type(content_type, what)
+        validation.tenant(tenant, what)
+        if document_id is not None:
+            validation.document_id(document_id, what)
 
     def _record_unwatched_delivery(self, err: ConfluentKafkaError | None, msg: Message) -> None:
         """Delivery report of a fire-and-forget event: remember failures for flush()."""
