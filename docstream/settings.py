@@ -115,6 +115,14 @@ class AnalyticsSettings(BaseModel):
     grace_ms: int = Field(
         default=10_000, ge=0, description="a window closes once the watermark passes its end + grace"
     )
+    lateness_ms: int = Field(
+        default=3_600_000,
+        ge=0,
+        description="a closed window is kept this long: a late event amends it (re-emitted, complete)",
+    )
+    window_sizes_ms: tuple[int, ...] = Field(
+        default=(60_000, 3_600_000), min_length=1, description="the tumbling windows' sizes"
+    )
     idle_ms: int | None = Field(
         default=2_000,
         ge=100,

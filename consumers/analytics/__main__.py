@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from consumers.analytics.app import make_app
 from docstream.settings import load_settings
-from docstream.topology import group_id
+from docstream.topology import dead_letter_topic, group_id
+from docstream.validation import Limits
 from schemas.codec import make_codec
 
 
@@ -22,6 +23,10 @@ def main() -> None:
         partitions=settings.topic_partitions,
         codec=make_codec(settings.schema_registry_url),
         grace_ms=settings.analytics.grace_ms,
+        lateness_ms=settings.analytics.lateness_ms,
+        window_sizes_ms=settings.analytics.window_sizes_ms,
+        limits=Limits.from_settings(settings),
+        dead_letters=dead_letter_topic(group_id("analytics", settings.group_prefix)),
         idle_ms=settings.analytics.idle_ms,
         datadir=str(settings.home / "analytics"),
     )

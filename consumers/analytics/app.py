@@ -1,64 +1,59 @@
-"""The analytics worker: a faust app that folds the pipeline's events into closed-window rollups.
+"""The analytics worker: a faust app that folds the pipeline's events into exact window rollups.
 
 Data flow, one agent, partition by partition:
 
     doc.uploaded, doc.ocr.done, doc.embedded, doc.thumbnailed, analytics.clock
     (all with the same partition count, keyed by document id: a document's upload and its
     completions share a partition number)
-      -> agent `fold`, for the event's partition p: decode it into a compact `Upload` /
-         `Completion`, store it in the `rollup-state` table (key "p/<event key>"), fold it into
-         partition p's `RollupTable` (consumers.analytics.windows does the window math and the
-         dedupe), advance p's watermark (max event time seen in p), produce every window of p
-         that closed to analytics.rollups and drop the events no open window of p needs.
+      -> agent `fold`, for the event's partition p: decode and validate it (an undecodable or
+         invalid event goes to the group's dead-letter topic with its reason and counts nowhere),
+         store its compact `Upload` / `Completion` in the `rollup-state` table (key "p/<event
+         identity>"), fold it into partition p's `WindowFold` (consumers.analytics.windows does the
+         window math, the dedupe and the amendments), advance p's watermark (max event time seen in
+         p), produce every rollup of p that is due (windows that closed, closed windows amended by
+         a late event) to analytics.rollups, and delete the events no kept window of p needs.
 
-Why per partition: faust's `exactly_once` gives each (topic group, partition number) its own
-transactional producer (`<app id>-<group>-<p>`) and commits a partition's offsets in it. A record
-is in that transaction only when it goes to partition p of a topic co-partitioned with the
-sources: the table's changelog is (the table has the sources' partition count and is written
-from the stream), so partition p's table writes and source offsets commit atomically. (An earlier
-design re-keyed every event to a 1-partition internal topic: its sends went to the transaction of
-partition 0 of another topic group, which commits only when that group has offsets to commit,
-that is never before the records it would consume become visible: a deadlock with more than one
-source partition, and no atomicity with the source offsets anyway.) So each partition's rollup
-is a partial: the rollup record carries its `partition`, and readers sum partials (documents,
-bytes, pages) and merge their latency sketches (consumers.analytics.sketch is mergeable for
-exactly this). `docstream.rollups` keeps one row per window, tenant, content type and partition.
+Per partition: the table's changelog is co-partitioned with the sources (the table has their
+partition count and is written from the stream), so partition p's events, its table entries and
+its fold move between workers together. Each partition's rollup is a partial: the rollup record
+carries its `partition`, and readers sum partials (documents, bytes, pages) and merge their
+latency sketches (consumers.analytics.sketch is mergeable for exactly this).
 
-State: the table holds, per event key ("p/uploaded:<document id>" or "p/<stage>:<idempotency
-key>"), the compact event, plus p's watermark under "p/__watermark__". That is exactly the
-seen-keys set of p's open windows, with enough data to re-fold them: after a restart or a
-rebalance faust recovers the table from its changelog and p's next event rebuilds p's
-`RollupTable` by replaying its entries (uploads first, so completions find their content type).
-A redelivered event has the same key: it overwrites itself in the table and counts once.
+Exact after a crash, a restart or a rebalance, without transactions. The fold is a function of
+the SET of events it holds, each keyed by its identity, and emits revisions that only grow:
+
+- the four source topics are read concurrently, so after a restart with a backlog one topic's
+  events may run ahead of another's by far more than the grace: the watermark then passes windows
+  whose events are still to come (the cause of rollups that came out short after a SIGKILL, 506
+  of 600 documents). A late event is not dropped: its closed window is emitted again, complete,
+  with a higher revision; windows and the events they need are kept `lateness_ms` after they
+  closed (default an hour);
+- at least once: faust commits a partition's offsets after flushing its producer (table writes
+  and rollups first, see `_drain_table_writes_on_flush`), so every committed event is in the
+  table; an event read again after a crash has the same identity and counts once;
+- after a restart or a rebalance faust recovers the table from its changelog and p's next event
+  rebuilds p's fold from it (`WindowFold.restored`); every closed window it holds is emitted once
+  more, since its last amendment may not have been. Readers keep, per window and partition, the
+  rows of the highest revision (`docstream.current_rollups`), whatever order repeats arrive in.
+
+(Until this design the worker ran faust's exactly_once; it is not needed for exactness now, and
+its recovery lost table partitions in rebalances: docs/notes-faust.md.)
 
 Closing windows: p's watermark is the latest event time seen in p, so windows close as later
 events arrive. When no events arrive, the wall clock takes over, but only when it is safe: once
 the worker has seen no event for `idle_ms` AND the group has committed every record of its source
 topics (so there is no backlog whose older events the jump would make late), a timer produces a
 tick `{"kind": "Tick", "at_ms": <now>}` to partition p of `analytics.clock` for each partition
-with a window due (end + grace <= now) or with recovered entries to re-fold. `fold` treats a tick
-like an event time: it is in p's ordered stream, so every table write stays inside the agent and
-in p's transaction, and a replayed tick closes the same windows. `idle_ms=None` keeps event time
-only (the tests with fixed past timestamps).
+with a window due or with recovered entries to re-fold. `fold` treats a tick like an event time:
+it is in p's ordered stream, and a replayed tick closes the same windows. `idle_ms=None` keeps
+event time only.
 
-Delivery: `exactly_once` covers the table's changelog and the consumed offsets, NOT the sends to
-analytics.rollups (faust 0.15.3 puts a record in a transaction only when its topic is one the app
-consumes, see docs/notes-faust.md). A crash after a rollup was produced but before the commit
-re-produces it after the restart, identical in key and content: the warehouse's
-`docstream.rollups` is a ReplacingMergeTree keyed by the window and partition, so it replaces.
-Per closing event, in this order:
+Per event, in this order:
 
     1. fold the event and write it (and p's new watermark) to the table;
-    2. produce each closed rollup and wait for the broker's ack;
-    3. delete the table entries of events whose windows are all closed;
-    4. faust commits 1. and 3. with the offsets, in p's transaction, on its commit interval.
-
-A faust 0.15.3 gap this module closes (`_send_buffered_writes_before_commit`): a table write
-is queued in faust's producer buffer and sent by a background task, and the exactly_once commit
-did not wait for that buffer; a write still queued when its event's offset was committed landed
-in the next transaction, which a crash aborts: a restarted worker recovered an empty changelog
-(1 SIGKILL run in 5 on a loaded machine). The commit now first waits until the buffer is empty
-and no send is in flight (docs/notes-faust.md).
+    2. produce each due rollup and wait for the broker's ack;
+    3. delete the table entries of events no kept window needs;
+    4. faust flushes 1. and 3. and commits the offsets, on its commit interval.
 """
 
 from __future__ import annotations
@@ -71,25 +66,37 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import faust
 import mode
+from faust.types import TP
 
 from consumers.analytics.windows import (
+    DEFAULT_LATENESS_MS,
     DEFAULT_WINDOW_SIZES_MS,
-    UPLOADED,
     Completion,
+    Event,
     Rollup,
-    RollupTable,
     Upload,
+    WindowFold,
     completion_from_record,
     upload_from_record,
 )
 from consumers.lag import offset_lag
-from docstream.errors import DecodeError, DocstreamError
-from docstream.topology import ANALYTICS_CLOCK, DOC_UPLOADED, EMBEDDED, OCR_DONE, ROLLUPS, THUMBNAILED
+from consumers.runtime import headers as hdr
+from docstream.errors import DocstreamError
+from docstream.topology import (
+    ANALYTICS_CLOCK,
+    DOC_UPLOADED,
+    EMBEDDED,
+    OCR_DONE,
+    ROLLUPS,
+    THUMBNAILED,
+    dead_letter_topic,
+)
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec, make_codec
 
 logger = logging.getLogger(__name__)
@@ -120,96 +127,31 @@ def rollup_key(rollup: Rollup) -> str:
     return f"{rollup.window_size}:{rollup.window_start}:{rollup.tenant}:{rollup.content_type}"
 
 
-def compact_event(event_type: str, record: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON-able `Upload` / `Completion` of a decoded record, tagged with its kind."""
-    folded: Upload | Completion
-    folded = upload_from_record(record) if event_type == "doc.uploaded" else completion_from_record(record)
-    return {"kind": type(folded).__name__, **dataclasses.asdict(folded)}
+def compact_event(event: Event) -> dict[str, Any]:
+    """The JSON-able form of a folded event, tagged with its kind (the table's values)."""
+    return {"kind": type(event).__name__, **dataclasses.asdict(event)}
 
 
-def event_from_compact(data: Mapping[str, Any]) -> Upload | Completion:
+def event_from_compact(data: Mapping[str, Any]) -> Event:
     fields = {name: value for name, value in data.items() if name != "kind"}
     return Upload(**fields) if data["kind"] == "Upload" else Completion(**fields)
 
 
-def event_key(event: Upload | Completion) -> str:
-    """The table key of an event: its identity, so a redelivery overwrites itself."""
-    if isinstance(event, Upload):
-        return f"{UPLOADED}:{event.document_id}"
-    return f"{event.stage}:{event.idempotency_key}"
-
-
-def event_time(event: Upload | Completion) -> int:
-    return event.uploaded_at_ms if isinstance(event, Upload) else event.completed_at_ms
-
-
-@dataclass
-class RollupState:
-    """The in-memory fold over the table's events; rebuilt from the table after a restart."""
-
-    window_sizes_ms: tuple[int, ...]
-    grace_ms: int
-    table: RollupTable = field(init=False)
-    watermark_ms: int | None = None
-    expires: dict[str, int] = field(default_factory=dict)  # table key -> when all its windows closed
-
-    def __post_init__(self) -> None:
-        self.table = RollupTable(self.window_sizes_ms)
-
-    def fold(self, key: str, event: Upload | Completion) -> bool:
-        """Fold one event; False when it is late for every window (then it need not be stored)."""
-        late_before = sum(self.table.late.values())
-        if isinstance(event, Upload):
-            self.table.add_upload(event)
-        else:
-            self.table.add_completion(event)
-        if sum(self.table.late.values()) - late_before == len(self.window_sizes_ms):
-            return False
-        ts = event_time(event)
-        self.expires[key] = max(ts - ts % size + size for size in self.window_sizes_ms) + self.grace_ms
-        return True
-
-    def advance(self, ts_ms: int) -> list[Rollup]:
-        """Move the watermark to `ts_ms` if later; the windows that closed."""
-        if self.watermark_ms is not None and ts_ms <= self.watermark_ms:
-            return []
-        self.watermark_ms = ts_ms
-        return self.table.closed(ts_ms, self.grace_ms)
-
-    def next_due_ms(self) -> int | None:
-        """When the earliest open window may close (its end + grace), on the watermark's clock."""
-        ends = [rollup.window_end for rollup in self.table.open_rollups()]
-        return min(ends) + self.grace_ms if ends else None
-
-    def expired(self) -> list[str]:
-        """Forget and return the keys of events that no open window needs."""
-        if self.watermark_ms is None:
-            return []
-        done = [key for key, until in self.expires.items() if until <= self.watermark_ms]
-        for key in done:
-            del self.expires[key]
-        return done
-
-    @classmethod
-    def replayed(
-        cls, items: list[tuple[str, Any]], window_sizes_ms: tuple[int, ...], grace_ms: int
-    ) -> RollupState:
-        """The state of a recovered table: its events re-folded (uploads first), windows that were
-        already closed (and produced) before the restart dropped."""
-        state = cls(window_sizes_ms, grace_ms)
-        watermark = next((int(value) for key, value in items if key == WATERMARK_KEY), None)
-        events = [(key, event_from_compact(value)) for key, value in items if key != WATERMARK_KEY]
-        for key, event in sorted(events, key=lambda item: not isinstance(item[1], Upload)):
-            state.fold(key, event)
-        if watermark is not None:
-            state.advance(watermark)  # produced before the commit that holds this watermark
-        return state
+def checked_event(
+    event_type: str, record: Mapping[str, Any], limits: Limits, produced_at_ms: int | None
+) -> Event:
+    """The folded form of a decoded record, once it passed docstream.validation (InvalidEventError)."""
+    if event_type == "doc.uploaded":
+        return upload_from_record(validate_upload(record, limits, produced_at_ms=produced_at_ms))
+    return completion_from_record(validate_completion(record, limits, produced_at_ms=produced_at_ms))
 
 
 @dataclass
 class Counters:
-    undecodable: int = 0
+    skipped: int = 0  # records faust skipped, read back from their topic
+    dead_lettered: int = 0
     late: int = 0
+    duplicates: int = 0
     produced: int = 0
     ticks: int = 0
 
@@ -222,7 +164,9 @@ def make_app(
     topics: Mapping[str, str] = DECLARED_TOPICS,
     window_sizes_ms: tuple[int, ...] = DEFAULT_WINDOW_SIZES_MS,
     grace_ms: int = DEFAULT_GRACE_MS,
-    processing_guarantee: str = "exactly_once",
+    lateness_ms: int = DEFAULT_LATENESS_MS,
+    limits: Limits = DEFAULT_LIMITS,
+    dead_letters: str | None = None,
     codec: Codec | None = None,
     session_timeout_s: float = 60.0,
     commit_interval_s: float = 2.8,
@@ -234,20 +178,25 @@ def make_app(
     `topics` maps uploaded/ocr/embeddings/thumbnails/clock/rollups to topic names; the first five
     must exist with `partitions` partitions each (docstream's declared topics do).
     `idle_ms`: see "Closing windows" in the module docstring; None: event time only.
+    `lateness_ms`: how long a closed window is kept for amendments by late events.
+    `dead_letters`: where undecodable or invalid events go (default `<app id>.dlq`).
     `datadir`: faust's working directory (default: `<tmp>/<app id>-data`, not the current one).
     """
     codec = codec or make_codec(None)
-    if processing_guarantee == "exactly_once":
-        _send_buffered_writes_before_commit()
+    datadir = datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data")
+    os.makedirs(os.path.dirname(os.path.abspath(datadir)), exist_ok=True)  # faust makes the last level only
+    _drain_table_writes_on_flush()
     app = faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",  # tables are recovered from their changelog topics
-        datadir=datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data"),
+        datadir=datadir,
         web_enabled=False,
         topic_partitions=partitions,  # faust's own topics: the changelog, co-partitioned
         topic_replication_factor=1,
-        processing_guarantee=processing_guarantee,
+        table_standby_replicas=0,  # a memory store drops what it held of a partition it does not own
+        # At least once: the fold is exact without transactions (see "Exact" in the module docstring).
+        processing_guarantee="at_least_once",
         consumer_auto_offset_reset="earliest",
         key_serializer="json",  # the table's keys are str (topics below set their own)
         value_serializer="json",
@@ -270,27 +219,97 @@ def make_app(
     # fixed at creation, and faust refuses a table whose changelog differs from its sources.
     open_events = app.Table("rollup-state", default=None, partitions=partitions)  # json keys, values
     counters = Counters()
-    states: dict[int, RollupState] = {}  # partition -> its fold; rebuilt from the table when absent
+    folds: dict[int, WindowFold] = {}  # partition -> its fold; rebuilt from the table when absent
     clock = _IdleClock()
+    dlq = _DeadLetters(bootstrap, dead_letters or dead_letter_topic(app_id), app_id)
 
-    def state_of(partition: int) -> RollupState:
-        state = states.get(partition)
-        if state is None:  # the partition's first event since its table partition was recovered
+    def fold_of(partition: int) -> WindowFold:
+        fold = folds.get(partition)
+        if fold is None:  # the partition's first event since its table partition was recovered
             prefix = f"{partition}/"
-            items = [(k[len(prefix) :], v) for k, v in open_events.items() if k.startswith(prefix)]
-            state = states[partition] = RollupState.replayed(items, tuple(window_sizes_ms), grace_ms)
+            items = {k[len(prefix) :]: v for k, v in open_events.items() if k.startswith(prefix)}
+            watermark = items.pop(WATERMARK_KEY, None)
+            fold = folds[partition] = WindowFold.restored(
+                (event_from_compact(value) for value in items.values()),
+                None if watermark is None else int(watermark),
+                window_sizes_ms,
+                grace_ms=grace_ms,
+                lateness_ms=lateness_ms,
+            )
+            for key in set(items) - set(fold.events):  # kept by the table, needed by no window
+                del open_events[prefix + key]
             logger.info(
                 "partition %d: re-folded %d stored events (table holds %d keys); watermark %s",
                 partition,
-                len(items),
+                len(fold.events),
                 len(open_events),
-                state.watermark_ms,
+                fold.watermark_ms,
             )
-        return state
+        return fold
+
+    positions = _Positions(bootstrap, app_id, [*by_topic])
 
     @app.on_partitions_revoked.connect
-    async def forget_states(*_: Any, **__: Any) -> None:
-        states.clear()  # rebuilt from the recovered table, partition by partition
+    async def forget_folds(*_: Any, **__: Any) -> None:
+        folds.clear()  # rebuilt from the recovered table, partition by partition
+        positions.forget()
+
+    async def handle(record: _Record) -> None:
+        """One source record: folded (or dead-lettered), then 2. and 3. of the module docstring."""
+        p, where = record.partition, f"{record.topic}[{record.partition}]@{record.offset}"
+        state = fold_of(p)
+        if record.topic == clock_topic:
+            tick = _tick(record.value, where)
+            if tick is None:
+                return
+            clock.tick_pending.discard(p)
+            state.advance(tick)
+        else:
+            clock.touch()
+            try:
+                decoded = codec.decode(by_topic[record.topic], record.value or b"", coordinates=where)
+                folded = checked_event(by_topic[record.topic], decoded, limits, record.timestamp_ms)
+            except (DocstreamError, KeyError, ValueError, TypeError) as exc:
+                counters.dead_lettered += 1  # counts nowhere; its reason goes to the dead letters
+                logger.error("dead-lettering %s: %s", where, exc)
+                await asyncio.get_running_loop().run_in_executor(None, dlq.send, record, exc)
+                return
+            late_before = sum(state.late.values())
+            if state.add(folded):  # 1.
+                open_events[f"{p}/{folded.key}"] = compact_event(folded)
+            elif sum(state.late.values()) > late_before:
+                counters.late += 1
+                logger.warning(
+                    "event %s in partition %d is later than the kept windows (watermark %s, lateness %d ms):"
+                    " not counted",
+                    folded.key,
+                    p,
+                    state.watermark_ms,
+                    lateness_ms,
+                )
+            else:
+                counters.duplicates += 1
+            state.advance(folded.time_ms)
+        due = state.due()
+        expired = state.expired()
+        if due or expired:
+            open_events[f"{p}/{WATERMARK_KEY}"] = state.watermark_ms
+        for rollup in due:  # 2.
+            key_text = f"{rollup_key(rollup)}:{p}"
+            value = {**rollup.to_dict(), "partition": p, "key": key_text}
+            delivered = await rollups_out.send(key=key_text.encode(), value=value)
+            await delivered
+            counters.produced += 1
+        for done in expired:  # 3.
+            del open_events[f"{p}/{done}"]
+        if due:
+            logger.info(
+                "partition %d: %d rollups due at watermark %s (%s)",
+                p,
+                len(due),
+                state.watermark_ms,
+                ", ".join(f"{rollup_key(r)} r{r.revision}: {r.documents} docs, {r.pages} pages" for r in due),
+            )
 
     # A crash of the agent (a bug, or a changelog with the wrong partition count) ends the worker,
     # which its supervisor (docstream up / demo, Kubernetes) reports, instead of faust's default
@@ -298,52 +317,18 @@ def make_app(
     @app.agent(sources, supervisor_strategy=mode.CrashingSupervisor)
     async def fold(stream: Any) -> None:
         async for event in stream.events():
-            message = event.message
-            p, where = message.partition, f"{message.topic}[{message.partition}]@{message.offset}"
-            state = state_of(p)
-            if message.topic == clock_topic:
-                tick = _tick(event.value, where)
-                if tick is None:
-                    continue
-                clock.tick_pending.discard(p)
-                closed = state.advance(tick)
-            else:
-                clock.touch()
-                event_type = by_topic[message.topic]
-                try:
-                    record = codec.decode(event_type, event.value, coordinates=where)
-                    compact = compact_event(event_type, record)
-                except (DecodeError, KeyError, ValueError, TypeError) as exc:
-                    counters.undecodable += 1  # no DLQ in faust: logged and skipped
-                    logger.error("skipping undecodable %s (%d so far): %s", where, counters.undecodable, exc)
-                    continue
-                folded = event_from_compact(compact)
-                key = event_key(folded)
-                if state.fold(key, folded):  # 1.
-                    open_events[f"{p}/{key}"] = compact
-                else:
-                    counters.late += 1
-                    logger.warning("late event %s in partition %d (watermark %s)", key, p, state.watermark_ms)
-                closed = state.advance(event_time(folded))
-            if closed:
-                open_events[f"{p}/{WATERMARK_KEY}"] = state.watermark_ms
-            for rollup in closed:  # 2.
-                key_text = f"{rollup_key(rollup)}:{p}"
-                value = {**rollup.to_dict(), "partition": p, "key": key_text}
-                delivered = await rollups_out.send(key=key_text.encode(), value=value)
-                await delivered
-                counters.produced += 1
-            expired = state.expired()
-            for done in expired:  # 3.
-                del open_events[f"{p}/{done}"]
-            if closed:
-                logger.info(
-                    "partition %d: %d windows closed at watermark %s (%s)",
-                    p,
-                    len(closed),
-                    state.watermark_ms,
-                    ", ".join(f"{rollup_key(r)}: {r.documents} docs, {r.pages} pages" for r in closed),
-                )
+            record = _Record.of(event.message, event.value)
+            if record.topic != clock_topic:  # a skipped tick is harmless: the next one carries the time
+                skipped = await positions.skipped(record)
+                for missed in skipped:
+                    counters.skipped += 1
+                    await handle(missed)
+                if skipped:  # folded: let faust's commit pass them (it waits for them forever otherwise)
+                    await app.consumer._add_gap(  # type: ignore[attr-defined]  # faust-internal
+                        TP(record.topic, record.partition), skipped[0].offset, record.offset - 1
+                    )
+            await handle(record)
+            positions.seen(record)
 
     if idle_ms is not None:
         source_topics = list(by_topic)
@@ -360,7 +345,7 @@ def make_app(
                 for tp in app.consumer.assignment()
                 if tp.topic == clock_topic
                 and tp.partition not in clock.tick_pending
-                and _tick_due(states.get(tp.partition), tp.partition, open_events, now_ms)
+                and _tick_due(folds.get(tp.partition), tp.partition, open_events, now_ms)
             ]
             if not due:
                 return
@@ -382,25 +367,29 @@ def make_app(
     return app
 
 
-COMMIT_DRAIN_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 30.0
 
 
-def _send_buffered_writes_before_commit() -> None:
-    """Make faust's exactly_once commit wait for the producer buffer (once per process).
+def _drain_table_writes_on_flush() -> None:
+    """Make faust's producer flush wait until every buffered table write is sent (once per process).
 
-    faust's at-least-once commit flushes the producer first; its transactional commit
-    (`TransactionManager.commit`) does not, so buffered table writes could miss the transaction
-    of their events' offsets. Patched here: `ProducerBuffer._send_pending` counts the sends in
-    flight, and the commit waits until the buffer is empty and none is in flight (the sends only
-    append to the open transactions; they never wait for a commit, so this cannot deadlock; a
-    bound of COMMIT_DRAIN_TIMEOUT_S logs and commits anyway rather than hang).
+    faust commits a source offset only after `app.producer.flush()` (its at-least-once commit, and
+    the commit before a rebalance hands partitions over). A table write is queued in the producer's
+    `ProducerBuffer` and sent by a background task, and faust 0.15.3's flush gave up on that buffer
+    after 0.1 s without a send (`ProducerBuffer.flush_atmost`): an offset could be committed with its
+    event's table write still queued. A crash then lost the write; a rebalance handed the partition
+    to a worker that recovered the changelog before the write reached it. Either way the event was
+    committed and missing from the fold (rollups short by the last events a worker handled before a
+    rebalance). Patched here: `ProducerBuffer._send_pending` counts the sends in flight, and the
+    flush first waits until the buffer is empty and none is in flight (bounded by DRAIN_TIMEOUT_S,
+    then it logs and goes on rather than hang).
     """
-    from faust.transport.consumer import TransactionManager
+    from faust.transport.drivers.aiokafka import Producer
     from faust.transport.producer import ProducerBuffer
 
-    if getattr(TransactionManager.commit, "_docstream_drains", False):
+    if getattr(Producer.flush, "_docstream_drains", False):
         return
-    send_pending, commit = ProducerBuffer._send_pending, TransactionManager.commit
+    send_pending, flush = ProducerBuffer._send_pending, Producer.flush
 
     async def counted_send_pending(self: Any, fut: Any) -> None:
         self._docstream_in_flight = getattr(self, "_docstream_in_flight", 0) + 1
@@ -409,19 +398,19 @@ def _send_buffered_writes_before_commit() -> None:
         finally:
             self._docstream_in_flight -= 1
 
-    async def draining_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
-        buffer = self.app.producer.buffer
-        deadline = time.monotonic() + COMMIT_DRAIN_TIMEOUT_S
+    async def draining_flush(self: Any) -> None:
+        buffer = self.buffer
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while buffer.size or getattr(buffer, "_docstream_in_flight", 0):
             if time.monotonic() > deadline:
-                logger.warning("committing with %d table writes still buffered", buffer.size)
+                logger.warning("flushing with %d table writes still buffered", buffer.size)
                 break
             await asyncio.sleep(0.005)
-        return bool(await commit(self, offsets, start_new_transaction=start_new_transaction))
+        await flush(self)
 
-    draining_commit._docstream_drains = True  # type: ignore[attr-defined]
+    draining_flush._docstream_drains = True  # type: ignore[attr-defined]
     ProducerBuffer._send_pending = counted_send_pending  # type: ignore[method-assign]
-    TransactionManager.commit = draining_commit  # type: ignore[method-assign]
+    Producer.flush = draining_flush  # type: ignore[method-assign]
 
 
 def _tick(value: bytes | None, where: str) -> int | None:
@@ -435,13 +424,190 @@ def _tick(value: bytes | None, where: str) -> int | None:
         return None
 
 
-def _tick_due(state: RollupState | None, partition: int, open_events: Any, now_ms: int) -> bool:
-    """A tick would close a window of the partition, or re-fold entries recovered for it."""
+def _tick_due(state: WindowFold | None, partition: int, open_events: Any, now_ms: int) -> bool:
+    """A tick would make a rollup of the partition due, or re-fold entries recovered for it."""
     if state is None:
         prefix = f"{partition}/"
         return any(key.startswith(prefix) for key in open_events)
     due = state.next_due_ms()
     return due is not None and due <= now_ms
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A source record, as faust hands it over or as `_Positions` reads it back."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+    @classmethod
+    def of(cls, message: Any, value: bytes | None) -> _Record:
+        timestamp_ms = int(message.timestamp * 1000) if message.timestamp else None
+        return cls(message.topic, message.partition, message.offset, timestamp_ms, message.key, value)
+
+
+READ_BACK_TIMEOUT_S = 30.0
+
+
+class _Positions:
+    """The next offset of each source partition, to fold the records faust skips.
+
+    faust-streaming 0.15.3 keeps, per partition, the offset it last read; after a rebalance it seeks
+    to the committed offset but drops every record below that read offset ("DROPPED MESSAGE ROFF"
+    in `Consumer._drain_messages`), so a record prefetched before the rebalance reaches the agent
+    and the ones between the committed offset and it never do (faust-streaming issues #216, #221).
+    Then either faust took the hole for a gap (compaction, transaction markers: #312, #606) and
+    committed past it, losing those records (seen here: two workers killed and restarted, 3 uploads
+    and their completions never folded, rollups short), or its commit waited for them forever (the
+    group's offsets stopped moving). docstream's source topics have neither compaction nor
+    transactions, so their offsets are consecutive: a record past the next expected offset means
+    records were skipped. They are read back from the topic and folded before it (the fold is the
+    same in any order), then marked as a gap for faust's commit, which now passes them only once
+    they are in the table. The next expected offset of a partition faust just assigned is the
+    group's committed offset (or the log start), asked from the broker.
+    """
+
+    def __init__(self, bootstrap: str, group: str, topics: list[str]) -> None:
+        self._bootstrap, self._group, self._topics = bootstrap, group, set(topics)
+        self._next: dict[tuple[str, int], int] = {}
+        self._reader: Any = None
+        self._admin: Any = None
+
+    def forget(self) -> None:
+        self._next.clear()
+
+    def seen(self, record: _Record) -> None:
+        where = (record.topic, record.partition)
+        self._next[where] = max(self._next.get(where, 0), record.offset + 1)
+
+    async def skipped(self, record: _Record) -> list[_Record]:
+        """The records of `record`'s partition between the next expected offset and it."""
+        loop = asyncio.get_running_loop()
+        start = self._next.get((record.topic, record.partition))
+        if start is None:
+            start = await loop.run_in_executor(None, self._committed, record.topic, record.partition)
+        if record.offset <= start:
+            return []
+        logger.warning(
+            "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"
+            " back from the topic",
+            record.topic,
+            record.partition,
+            record.offset,
+            start,
+            record.offset - start,
+        )
+        return await loop.run_in_executor(
+            None, self._read, record.topic, record.partition, start, record.offset
+        )
+
+    def _committed(self, topic: str, partition: int) -> int:
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        request = [ConsumerGroupTopicPartitions(self._group, [TopicPartition(topic, partition)])]
+        answer = self._admin.list_consumer_group_offsets(request)[self._group].result(
+            timeout=READ_BACK_TIMEOUT_S
+        )
+        [found] = answer.topic_partitions
+        if found.offset >= 0:
+            return int(found.offset)
+        low, _ = self._consumer().get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=READ_BACK_TIMEOUT_S
+        )
+        return int(low)  # nothing committed: the app reads from the earliest record
+
+    def _read(self, topic: str, partition: int, start: int, end: int) -> list[_Record]:
+        from confluent_kafka import TopicPartition
+
+        consumer = self._consumer()
+        consumer.assign([TopicPartition(topic, partition, start)])
+        found: list[_Record] = []
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        try:
+            while len(found) < end - start:
+                if time.monotonic() > deadline:
+                    raise DocstreamError(
+                        f"{topic}[{partition}]: could not read back offsets {start}..{end - 1}"
+                    )
+                for message in consumer.consume(end - start - len(found), 1.0):
+                    if message.error() is None and start <= message.offset() < end:
+                        timestamp = message.timestamp()[1]
+                        found.append(
+                            _Record(
+                                topic,
+                                partition,
+                                message.offset(),
+                                timestamp if timestamp > 0 else None,
+                                message.key(),
+                                message.value(),
+                            )
+                        )
+        finally:
+            consumer.unassign()
+        return found
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        if self._reader is None:
+            self._reader = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": f"{self._group}.read-back",  # never joined nor committed: assign() only
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                }
+            )
+        return self._reader
+
+
+class _DeadLetters:
+    """The analytics group's dead-letter topic: an event that cannot be folded, with its reason, in
+    the headers the runtime's dead letters carry (consumers.runtime.routing), so that `docstream dlq`
+    and the warehouse read them alike. Sent and acknowledged before the event counts as handled."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self._bootstrap, self.topic, self._group = bootstrap, topic, group
+        self._producer: Any = None
+
+    def send(self, record: _Record, error: BaseException) -> None:
+        from confluent_kafka import Producer
+
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 0, "acks": "all"})
+        headers = hdr.encode(
+            {
+                hdr.ORIGINAL_TOPIC: record.topic,
+                hdr.ORIGINAL_PARTITION: record.partition,
+                hdr.ORIGINAL_OFFSET: record.offset,
+                hdr.ORIGINAL_TIMESTAMP_MS: record.timestamp_ms or 0,
+                hdr.GROUP: self._group,
+                hdr.ERROR_CLASS: f"{type(error).__module__}.{type(error).__qualname__}",
+                hdr.ERROR_MESSAGE: str(error)[:8_000],
+                hdr.ATTEMPT: 1,
+            }
+        )
+        failures: list[Any] = []
+        self._producer.produce(
+            self.topic,
+            record.value,
+            record.key,
+            partition=record.partition,
+            headers=headers,
+            on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
+        )
+        if self._producer.flush(30) or failures:
+            raise DocstreamError(
+                f"dead letter of {record.topic}[{record.partition}]@{record.offset} not "
+                f"acknowledged: {failures or 'timed out'}"
+            )
 
 
 class _IdleClock:

@@ -10,6 +10,7 @@ exited within `stop_timeout` seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +55,11 @@ def child_environment(settings: Settings) -> dict[str, str]:
             "DOCSTREAM_TOPIC_PARTITIONS": str(settings.topic_partitions),
             "DOCSTREAM_GROUP_PREFIX": settings.group_prefix,
             "DOCSTREAM_ANALYTICS__GRACE_MS": str(settings.analytics.grace_ms),
+            "DOCSTREAM_ANALYTICS__LATENESS_MS": str(settings.analytics.lateness_ms),
+            "DOCSTREAM_ANALYTICS__WINDOW_SIZES_MS": json.dumps(list(settings.analytics.window_sizes_ms)),
+            "DOCSTREAM_LIMITS__MAX_BYTES": str(settings.limits.max_bytes),
+            "DOCSTREAM_LIMITS__MAX_FUTURE_SKEW_MS": str(settings.limits.max_future_skew_ms),
+            "DOCSTREAM_OCR__MAX_PAGES": str(settings.ocr.max_pages),
         }
     )
     if settings.analytics.idle_ms is not None:

@@ -14,7 +14,7 @@ from consumers.analytics.sketch import LatencySketch
 from consumers.analytics.windows import STAGES
 
 HOURLY_ROLLUPS = (
-    "SELECT window_start, tenant, documents, pages, sketch FROM docstream.rollups FINAL "
+    "SELECT window_start, tenant, documents, pages, sketch FROM docstream.current_rollups "
     "WHERE window_size_s = 3600 ORDER BY window_start, tenant"
 )
 HOURLY_DEAD_LETTERS = (

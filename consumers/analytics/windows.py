@@ -1,7 +1,7 @@
 """Tumbling-window rollups of the pipeline's events, per (tenant, content type): pure, no Kafka.
 
-`RollupTable` folds two kinds of event into 1-minute and 1-hour tumbling windows (the sizes are a
-constructor argument):
+`WindowFold` folds two kinds of event into 1-minute and 1-hour tumbling windows (the sizes are a
+constructor argument), for one source partition:
 
 - an `Upload` (from doc.uploaded), placed by `uploaded_at`: documents += 1, bytes += size;
 - a `Completion` (from doc.ocr.done, doc.embedded, doc.thumbnailed), placed by `completed_at`:
@@ -10,29 +10,45 @@ constructor argument):
 A window is `[window_start, window_start + size)`, with `window_start(ts, size) = ts - ts % size`
 (epoch-aligned, so a timestamp exactly on a multiple of the size opens a new window).
 
-Redeliveries count once: each window keeps the set of the events it has folded, keyed by
-(event kind, idempotency key) for completions and ("uploaded", document_id) for uploads. An event
-lands in the same window every time it is redelivered (its event time does not change), so the
-per-window set is enough, and it is dropped with the window.
+Exact, whatever the order events arrive in. A window's totals are a function of the set of events
+in it, not of their order: sums, and a latency sketch that is a function of the multiset of its
+values (consumers.analytics.sketch). Each event has an identity (`Event.key`: an upload is (tenant,
+document, upload time); a completion adds its stage and idempotency key to its upload's), so a
+redelivered event, or an identical one published again after a timeout, counts once. And no
+event that arrives in time is dropped:
 
-Completion events carry no content type. The table learns each document's content type from its
-upload (a bounded most-recently-used map, `remembered_documents` entries). A completion whose
-upload it has not seen yet (the source topics are read concurrently, so a completion can come
-first) waits, while its windows are open, for that upload, which files it under the upload's
-content type; when its first window closes without the upload it is filed under
-`UNKNOWN_CONTENT_TYPE` (unless the caller passed a content type).
+- time is the watermark (`advance`, the latest event time the caller has seen, or its clock); a
+  window *closes* once the watermark passes its end + `grace_ms`, and `due()` then returns its
+  rollups, to be emitted;
+- an event for a window that already closed still counts: the window is *amended*, and `due()`
+  returns its rollups again, complete: every (tenant, content type) row the window has, all with
+  the window's `revision`, a function of what it holds that grows with every change (its events,
+  plus the older completions whose content type became known). Whatever order emissions reach a
+  store in, the rows of the highest revision of a window are its complete rollups
+  (`current_rows`; the warehouse keeps the highest revision per row, ReplacingMergeTree(revision),
+  and its readers the rows of each window's highest revision);
+- a window is kept (with the events it needs) for `lateness_ms` after it closed; an event for a
+  window older than that is too late for it and is counted in `late[size]` (it may still count in a
+  larger window that is kept).
 
-All time is injected: the caller passes the event times and, to `closed(watermark_ms, grace_ms)`,
-its watermark. `closed` returns (and forgets) every window whose end + grace <= watermark. An event
-that arrives for a window that is already closed is not folded into it: it is counted in
-`late[size_ms]` (per window size: a late minute window may still have an open hour window, which
-then does count the event).
+`restored(events, watermark)` rebuilds a fold from the events a store kept (after a restart or a
+rebalance) and returns every closed window it holds from `due()` once more, since the caller cannot
+know whether its last amendment was emitted before it stopped: re-emitting a revision is harmless.
+
+Completion events carry the upload's content type (since their `computed_at` versions); an older
+one is filed under its upload's type, looked up by its upload's identity among the events kept,
+or waits for that upload until its first window closes, and is then filed under
+`UNKNOWN_CONTENT_TYPE` (moved if the upload turns up while the window is kept).
+
+All time is injected: the caller passes event times and the watermark.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,10 +59,10 @@ from consumers.analytics.sketch import DEFAULT_RELATIVE_ACCURACY, LatencySketch
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 DEFAULT_WINDOW_SIZES_MS = (MINUTE_MS, HOUR_MS)
+DEFAULT_LATENESS_MS = HOUR_MS
 STAGES = ("ocr", "embeddings", "thumbnails")
 UPLOADED = "uploaded"
 UNKNOWN_CONTENT_TYPE = "unknown"
-DEFAULT_REMEMBERED_DOCUMENTS = 100_000
 
 
 def window_start(ts_ms: int, size_ms: int) -> int:
@@ -66,6 +82,15 @@ class Upload:
     size_bytes: int
     uploaded_at_ms: int
 
+    @property
+    def key(self) -> str:
+        """The upload's identity: the same event delivered or published again has the same one."""
+        return upload_key(self.tenant, self.document_id, self.uploaded_at_ms)
+
+    @property
+    def time_ms(self) -> int:
+        return self.uploaded_at_ms
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -81,9 +106,30 @@ class Completion:
     content_type: str | None = None
 
     @property
+    def key(self) -> str:
+        """The completion's identity: its stage's effect (content + version) for one upload."""
+        return f"{self.stage}:{self.tenant}:{self.document_id}:{self.upload_at_ms}:{self.idempotency_key}"
+
+    @property
+    def upload(self) -> str:
+        """The identity of the upload this completion is for."""
+        return upload_key(self.tenant, self.document_id, self.upload_at_ms)
+
+    @property
+    def time_ms(self) -> int:
+        return self.completed_at_ms
+
+    @property
     def latency_ms(self) -> int:
         """Upload to completion; 0 when the clocks say the stage finished before the upload."""
         return max(0, self.completed_at_ms - self.upload_at_ms)
+
+
+Event = Upload | Completion
+
+
+def upload_key(tenant: str, document_id: str, uploaded_at_ms: int) -> str:
+    return f"{UPLOADED}:{tenant}:{document_id}:{uploaded_at_ms}"
 
 
 def epoch_ms(value: datetime | int) -> int:
@@ -106,12 +152,14 @@ def upload_from_record(record: Mapping[str, Any]) -> Upload:
     )
 
 
-def completion_from_record(record: Mapping[str, Any], content_type: str | None = None) -> Completion:
+def completion_from_record(record: Mapping[str, Any]) -> Completion:
     """The `Completion` of a decoded doc.ocr.done, doc.embedded or doc.thumbnailed record.
 
     Completion events carry the upload's content type since their versions with `computed_at`;
-    an older one has none, and waits for its upload's (`Rollups.add_completion`).
+    an older one has none (see the module docstring).
     """
+    if record["stage"] not in STAGES:
+        raise ValueError(f"unknown stage {record['stage']!r}; expected one of {STAGES}")
     return Completion(
         stage=record["stage"],
         document_id=record["document_id"],
@@ -119,8 +167,8 @@ def completion_from_record(record: Mapping[str, Any], content_type: str | None =
         idempotency_key=record["idempotency_key"],
         upload_at_ms=epoch_ms(record["upload_at"]),
         completed_at_ms=epoch_ms(record["completed_at"]),
-        pages=record.get("pages"),
-        content_type=content_type or record.get("content_type"),
+        pages=record.get("pages") if record["stage"] == "ocr" else None,
+        content_type=record.get("content_type"),
     )
 
 
@@ -130,7 +178,7 @@ def _empty_sketches() -> dict[str, LatencySketch]:
 
 @dataclass
 class Rollup:
-    """One window's totals for one (tenant, content type)."""
+    """One window's totals for one (tenant, content type); `revision`: events in its window."""
 
     window_start: int
     window_size: int
@@ -140,11 +188,24 @@ class Rollup:
     bytes: int = 0
     pages: int = 0
     latency: dict[str, LatencySketch] = field(default_factory=_empty_sketches)
+    revision: int = 0
 
     @property
     def window_end(self) -> int:
         """The first millisecond after the window."""
         return self.window_start + self.window_size
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Upload):
+            self.documents += 1
+            self.bytes += event.size_bytes
+        else:
+            self.latency[event.stage].add(event.latency_ms)
+            if event.stage == "ocr" and event.pages:
+                self.pages += event.pages
+
+    def copy(self) -> Rollup:
+        return dataclasses.replace(self, latency={stage: s.copy() for stage, s in self.latency.items()})
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able row: the totals, and per stage the sketch with its count, p50 and p95."""
@@ -156,6 +217,7 @@ class Rollup:
             "documents": self.documents,
             "bytes": self.bytes,
             "pages": self.pages,
+            "revision": self.revision,
             "latency": {
                 stage: {
                     "count": sketch.count,
@@ -168,116 +230,317 @@ class Rollup:
         }
 
 
-RollupKey = tuple[int, int, str, str]  # window_start, window_size, tenant, content_type
 WindowKey = tuple[int, int]  # window_start, window_size
-EventKey = tuple[str, str]  # event kind, idempotency key (or document id for uploads)
 
 
-class RollupTable:
-    """Folds uploads and completions into tumbling windows; see the module docstring."""
+@dataclass
+class _Window:
+    """One window of one size: the events in it, and its rollups per (tenant, content type)."""
+
+    start: int
+    size: int
+    members: set[str] = field(default_factory=set)
+    rollups: dict[tuple[str, str], Rollup] = field(default_factory=dict)
+    emitted: bool = False  # closed, and returned by `due()` at least once
+    dirty: bool = False  # changed since it was last returned by `due()`
+    stale: bool = False  # a member changed content type: rebuild the rollups from the members
+    resolved: int = 0  # older completions (no content type of their own) filed under their upload's
+
+    @property
+    def revision(self) -> int:
+        """A function of what the window holds that grows with every change: its events, plus one for
+        each older completion whose upload's type is known (it can only go from unknown to known).
+        Two emissions with the same revision hold the same totals."""
+        return len(self.members) + self.resolved
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+class WindowFold:
+    """Exact rollups of one source partition's events; see the module docstring."""
 
     def __init__(
         self,
         window_sizes_ms: Iterable[int] = DEFAULT_WINDOW_SIZES_MS,
         *,
-        remembered_documents: int = DEFAULT_REMEMBERED_DOCUMENTS,
+        grace_ms: int = 0,
+        lateness_ms: int = DEFAULT_LATENESS_MS,
     ) -> None:
         self.window_sizes_ms = tuple(window_sizes_ms)
         if not self.window_sizes_ms or any(size <= 0 for size in self.window_sizes_ms):
             raise ValueError(f"window sizes must be positive: {self.window_sizes_ms}")
-        self._remembered = remembered_documents
-        self._rollups: dict[RollupKey, Rollup] = {}
-        self._seen: dict[WindowKey, set[EventKey]] = {}
-        self._content_types: OrderedDict[str, str] = OrderedDict()
-        # document id -> its completions waiting for the upload's content type, by event key
-        self._waiting: dict[str, dict[EventKey, Completion]] = {}
-        self._closed_until: int | None = None  # windows ending at or before this are closed
-        self.late: Counter[int] = Counter()  # window size -> events that came after it closed
-        self.duplicates: Counter[int] = Counter()  # window size -> redelivered events skipped
+        if grace_ms < 0 or lateness_ms < 0:
+            raise ValueError("grace and lateness cannot be negative")
+        self.grace_ms, self.lateness_ms = grace_ms, lateness_ms
+        self.watermark_ms: int | None = None
+        self.events: dict[str, Event] = {}
+        self._windows: dict[WindowKey, _Window] = {}
+        self._filed: dict[str, str] = {}  # completion key -> content type it is filed under
+        self._waiting: dict[str, set[str]] = {}  # upload key -> completions waiting for its type
+        self._unknown: dict[str, set[str]] = {}  # upload key -> completions filed as unknown meanwhile
+        self._retention: list[tuple[int, str]] = []  # (when no window needs it any more, event key)
+        self.late: Counter[int] = Counter()  # window size -> events that came after it was dropped
+        self.duplicates = 0
 
-    def add_upload(self, upload: Upload) -> None:
-        """Count a document and its bytes in each window of its upload time."""
-        self._remember(upload.document_id, upload.content_type)
-        for waiting in self._waiting.pop(upload.document_id, {}).values():
-            self._file(waiting, upload.content_type)
-        for rollup in self._rollups_for(
-            upload.uploaded_at_ms, (UPLOADED, upload.document_id), upload.tenant, upload.content_type
-        ):
-            rollup.documents += 1
-            rollup.bytes += upload.size_bytes
+    # -- events --------------------------------------------------------------------------------
 
-    def add_completion(self, completion: Completion) -> None:
-        """Add the stage's latency (and OCR's pages) to each window of the completion time."""
-        if completion.stage not in STAGES:
-            raise ValueError(f"unknown stage {completion.stage!r}; expected one of {STAGES}")
-        content_type = completion.content_type or self._content_types.get(completion.document_id)
-        if content_type is None and not self._first_window_closed(completion.completed_at_ms):
-            waiting = self._waiting.setdefault(completion.document_id, {})
-            waiting[(completion.stage, completion.idempotency_key)] = completion  # a redelivery: once
-            return
-        self._file(completion, content_type or UNKNOWN_CONTENT_TYPE)
-
-    def _first_window_closed(self, ts_ms: int) -> bool:
-        size = min(self.window_sizes_ms)
-        return self._closed_until is not None and window_start(ts_ms, size) + size <= self._closed_until
-
-    def _file(self, completion: Completion, content_type: str) -> None:
-        event_key = (completion.stage, completion.idempotency_key)
-        windows = self._rollups_for(completion.completed_at_ms, event_key, completion.tenant, content_type)
-        for rollup in windows:
-            rollup.latency[completion.stage].add(completion.latency_ms)
-            if completion.stage == "ocr" and completion.pages:
-                rollup.pages += completion.pages
-
-    def closed(self, watermark_ms: int, grace_ms: int = 0) -> list[Rollup]:
-        """Remove and return the windows with end + grace <= watermark, oldest first."""
-        until = watermark_ms - grace_ms
-        size = min(self.window_sizes_ms)
-        for document_id in list(self._waiting):  # their uploads did not come in time
-            waiting = self._waiting[document_id]
-            for event_key, completion in list(waiting.items()):
-                if window_start(completion.completed_at_ms, size) + size <= until:
-                    self._file(completion, UNKNOWN_CONTENT_TYPE)
-                    del waiting[event_key]
-            if not waiting:
-                del self._waiting[document_id]
-        if self._closed_until is None or until > self._closed_until:
-            self._closed_until = until
-        done = [key for key in self._rollups if key[0] + key[1] <= self._closed_until]
-        for window in [key for key in self._seen if key[0] + key[1] <= self._closed_until]:
-            del self._seen[window]
-        return sorted((self._rollups.pop(key) for key in done), key=_rollup_order)
-
-    def open_rollups(self) -> list[Rollup]:
-        """The windows not closed yet, oldest first (for a snapshot or a shutdown flush)."""
-        return sorted(self._rollups.values(), key=_rollup_order)
-
-    def _rollups_for(self, ts_ms: int, event_key: EventKey, tenant: str, content_type: str) -> list[Rollup]:
-        """The open rollups that this event counts in, once per window; late ones are counted."""
-        found: list[Rollup] = []
+    def add(self, event: Event) -> bool:
+        """Fold `event`; False when it changes nothing (a duplicate, or too late for every window)."""
+        key = event.key
+        if key in self.events:
+            self.duplicates += 1
+            return False
+        windows = []
         for size in self.window_sizes_ms:
-            start = window_start(ts_ms, size)
-            if self._closed_until is not None and start + size <= self._closed_until:
+            start = window_start(event.time_ms, size)
+            if self._dropped(start + size):
                 self.late[size] += 1
                 continue
-            seen = self._seen.setdefault((start, size), set())
-            if event_key in seen:
-                self.duplicates[size] += 1
+            window = self._windows.get((start, size))
+            if window is None:
+                window = self._windows[(start, size)] = _Window(start, size)
+            windows.append(window)
+        if not windows:
+            return False
+        self.events[key] = event
+        heapq.heappush(self._retention, (self._kept_until(event), key))
+        for window in windows:
+            window.members.add(key)
+            window.dirty = True
+        if isinstance(event, Upload):
+            self._file(event, event.content_type, windows)
+            for waiting in self._waiting.pop(key, set()) | self._unknown.pop(key, set()):
+                self._refile(waiting, event.content_type)
+        else:
+            content_type = event.content_type or self._upload_type(event)
+            if content_type is None and not self._first_window_closed(event):
+                self._waiting.setdefault(event.upload, set()).add(key)
+            else:
+                self._file(event, content_type or UNKNOWN_CONTENT_TYPE, windows)
+                if content_type is None:
+                    self._unknown.setdefault(event.upload, set()).add(key)
+        return True
+
+    def advance(self, ts_ms: int) -> None:
+        """Move the watermark to `ts_ms` if it is later; waiting completions whose first window
+        closed are filed under the unknown content type."""
+        if self.watermark_ms is not None and ts_ms <= self.watermark_ms:
+            return
+        self.watermark_ms = ts_ms
+        self._file_waiting()
+
+    def _file_waiting(self) -> None:
+        for upload in list(self._waiting):
+            for key in list(self._waiting[upload]):
+                completion = self.events[key]
+                assert isinstance(completion, Completion)
+                if self._first_window_closed(completion):
+                    self._waiting[upload].discard(key)
+                    self._file(completion, UNKNOWN_CONTENT_TYPE, self._windows_of(completion))
+                    self._unknown.setdefault(upload, set()).add(key)
+            if not self._waiting[upload]:
+                del self._waiting[upload]
+
+    # -- output --------------------------------------------------------------------------------
+
+    def due(self) -> list[Rollup]:
+        """The rollups to emit now: of windows that closed since the last call, and of closed windows
+        amended since; every (tenant, content type) the window ever had, oldest window first."""
+        out: list[Rollup] = []
+        for window in sorted(self._windows.values(), key=lambda w: (w.start, w.size)):
+            if not self._closed(window.end) or not window.dirty:
                 continue
-            seen.add(event_key)
-            key = (start, size, tenant, content_type)
-            rollup = self._rollups.get(key)
-            if rollup is None:
-                rollup = self._rollups[key] = Rollup(start, size, tenant, content_type)
-            found.append(rollup)
-        return found
+            if window.stale:
+                self._rebuild(window)
+            window.emitted, window.dirty = True, False
+            revision = window.revision  # the same on every row of the emission: readers keep, per
+            # window and partition, the rows of the highest revision (stale pairs drop out)
+            for rollup in sorted(window.rollups.values(), key=lambda r: (r.tenant, r.content_type)):
+                rollup.revision = revision
+                out.append(rollup.copy())
+        return out
 
-    def _remember(self, document_id: str, content_type: str) -> None:
-        self._content_types[document_id] = content_type
-        self._content_types.move_to_end(document_id)
-        while len(self._content_types) > self._remembered:
-            self._content_types.popitem(last=False)
+    def expired(self) -> list[str]:
+        """Forget the windows kept long enough, and return (and forget) the events none kept needs."""
+        if self.watermark_ms is None:
+            return []
+        for window_key in [k for k, w in self._windows.items() if self._dropped(w.end)]:
+            del self._windows[window_key]
+        done = []
+        while self._retention and self._retention[0][0] <= self.watermark_ms:
+            _, key = heapq.heappop(self._retention)
+            event = self.events.pop(key, None)
+            if event is None:
+                continue
+            done.append(key)
+            self._filed.pop(key, None)
+            if isinstance(event, Completion):
+                for pending in (self._waiting, self._unknown):
+                    if event.upload in pending:
+                        pending[event.upload].discard(key)
+                        if not pending[event.upload]:
+                            del pending[event.upload]
+        return done
+
+    def next_due_ms(self) -> int | None:
+        """The watermark at which `due()` would return something: the earliest close of a window
+        not emitted yet, or now (the watermark) when a closed window waits to be re-emitted."""
+        times = [
+            window.end + self.grace_ms
+            if not self._closed(window.end)
+            else (self.watermark_ms if self.watermark_ms is not None else 0)
+            for window in self._windows.values()
+            if window.dirty
+        ]
+        return min(times) if times else None
+
+    def open_rollups(self) -> list[Rollup]:
+        """The rollups of the windows not closed yet, oldest first."""
+        return [
+            rollup
+            for window in sorted(self._windows.values(), key=lambda w: (w.start, w.size))
+            if not self._closed(window.end)
+            for rollup in window.rollups.values()
+        ]
+
+    @classmethod
+    def restored(
+        cls,
+        events: Iterable[Event],
+        watermark_ms: int | None,
+        window_sizes_ms: Iterable[int] = DEFAULT_WINDOW_SIZES_MS,
+        *,
+        grace_ms: int = 0,
+        lateness_ms: int = DEFAULT_LATENESS_MS,
+    ) -> WindowFold:
+        """A fold rebuilt from the events a store kept and its last watermark (uploads first, so
+        that older completions find their content type); every closed window will be due again."""
+        fold = cls(window_sizes_ms, grace_ms=grace_ms, lateness_ms=lateness_ms)
+        fold.watermark_ms = watermark_ms
+        for event in sorted(events, key=lambda e: (isinstance(e, Completion), e.time_ms)):
+            fold.add(event)
+        fold._file_waiting()
+        return fold
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _closed(self, end: int) -> bool:
+        return self.watermark_ms is not None and end + self.grace_ms <= self.watermark_ms
+
+    def _dropped(self, end: int) -> bool:
+        return self.watermark_ms is not None and end + self.grace_ms + self.lateness_ms <= self.watermark_ms
+
+    def _kept_until(self, event: Event) -> int:
+        """The watermark at which no window of `event` is kept any more."""
+        ends = (window_start(event.time_ms, size) + size for size in self.window_sizes_ms)
+        return max(ends) + self.grace_ms + self.lateness_ms
+
+    def _first_window_closed(self, completion: Completion) -> bool:
+        size = min(self.window_sizes_ms)
+        return self._closed(window_start(completion.completed_at_ms, size) + size)
+
+    def _windows_of(self, event: Event) -> list[_Window]:
+        found = (self._windows.get((window_start(event.time_ms, s), s)) for s in self.window_sizes_ms)
+        return [window for window in found if window is not None and event.key in window.members]
+
+    def _upload_type(self, completion: Completion) -> str | None:
+        upload = self.events.get(completion.upload)
+        return upload.content_type if isinstance(upload, Upload) else None
+
+    def _file(self, event: Event, content_type: str, windows: Iterable[_Window]) -> None:
+        self._filed[event.key] = content_type
+        pair = (event.tenant, content_type)
+        older = isinstance(event, Completion) and not event.content_type
+        resolved = older and content_type != UNKNOWN_CONTENT_TYPE
+        for window in windows:
+            window.resolved += resolved
+            if pair not in window.rollups:
+                window.rollups[pair] = Rollup(window.start, window.size, *pair)
+            window.rollups[pair].add(event)
+
+    def _refile(self, key: str, content_type: str) -> None:
+        """A waiting completion learns its upload's type: filed now, or moved out of `unknown`."""
+        event = self.events[key]
+        windows = self._windows_of(event)
+        if key not in self._filed:
+            self._file(event, content_type, windows)
+            return
+        self._filed[key] = content_type
+        for window in windows:
+            window.stale = window.dirty = True
+            window.resolved += 1
+
+    def _rebuild(self, window: _Window) -> None:
+        """The window's rollups from its members; (tenant, type) pairs that emptied stay, at zero."""
+        for pair in window.rollups:
+            window.rollups[pair] = Rollup(window.start, window.size, *pair)
+        for key in window.members:
+            event, content_type = self.events[key], self._filed.get(key)
+            if content_type is None:
+                continue  # still waiting for its upload
+            pair = (event.tenant, content_type)
+            if pair not in window.rollups:
+                window.rollups[pair] = Rollup(window.start, window.size, *pair)
+            window.rollups[pair].add(event)
+        window.stale = False
 
 
-def _rollup_order(rollup: Rollup) -> tuple[int, int, str, str]:
-    return (rollup.window_start, rollup.window_size, rollup.tenant, rollup.content_type)
+RollupKey = tuple[int, int, str, str]  # window_start, window_size, tenant, content_type
+
+
+def current_rows(emitted: Iterable[tuple[int, Rollup]]) -> list[Rollup]:
+    """Of rollups emitted as (source partition, rollup), in any order and with repeats, the rows of
+    each (window, partition)'s highest revision, one per (tenant, content type): the window's
+    complete rollups. A row that an earlier emission had and the latest has not (a content type an
+    older completion left) drops out."""
+    best: dict[tuple[int, int, int], dict[tuple[str, str], Rollup]] = {}
+    revision: dict[tuple[int, int, int], int] = {}
+    for partition, rollup in emitted:
+        window = (rollup.window_start, rollup.window_size, partition)
+        if rollup.revision > revision.get(window, -1):
+            revision[window], best[window] = rollup.revision, {}
+        if rollup.revision == revision[window]:
+            best[window][(rollup.tenant, rollup.content_type)] = rollup
+    return [rollup for rows in best.values() for rollup in rows.values()]
+
+
+def recount(
+    events: Iterable[Event], window_sizes_ms: Iterable[int] = DEFAULT_WINDOW_SIZES_MS
+) -> dict[RollupKey, Rollup]:
+    """The rollups of a set of events counted in one batch: what a `WindowFold` emits for them in the
+    end (the highest revision of each), whatever the order they came in. The reference the fold is
+    tested against, and what `docstream analytics --verify` compares the warehouse's rollups with."""
+    unique = {event.key: event for event in events}
+    types = {key: event.content_type for key, event in unique.items() if isinstance(event, Upload)}
+    sizes = tuple(window_sizes_ms)
+    out: dict[RollupKey, Rollup] = {}
+    for event in unique.values():
+        if isinstance(event, Upload):
+            content_type = event.content_type
+        else:
+            content_type = event.content_type or types.get(event.upload) or UNKNOWN_CONTENT_TYPE
+        for size in sizes:
+            key = (window_start(event.time_ms, size), size, event.tenant, content_type)
+            if key not in out:
+                out[key] = Rollup(*key)
+            out[key].add(event)
+    return out
+
+
+def merge_partials(rollups: Iterable[Rollup]) -> dict[RollupKey, Rollup]:
+    """Per (window, tenant, content type), the sum of the partials of every source partition:
+    documents, bytes and pages added, latency sketches merged."""
+    out: dict[RollupKey, Rollup] = {}
+    for rollup in rollups:
+        key = (rollup.window_start, rollup.window_size, rollup.tenant, rollup.content_type)
+        total = out.get(key)
+        if total is None:
+            total = out[key] = Rollup(*key)
+        total.documents += rollup.documents
+        total.bytes += rollup.bytes
+        total.pages += rollup.pages
+        for stage, sketch in rollup.latency.items():
+            total.latency.setdefault(stage, LatencySketch(sketch.relative_accuracy)).merge(sketch)
+    return out

@@ -371,7 +371,7 @@ def _print_rollups(s: Settings, warehouse: Warehouse, started_ms: int) -> None:
     partitions' partials and merges their latency sketches for the p95."""
     _, rows = warehouse.query(
         "SELECT window_start, tenant, content_type, documents, bytes, pages, sketch "
-        "FROM docstream.rollups FINAL WHERE window_size_s = 60 "
+        "FROM docstream.current_rollups WHERE window_size_s = 60 "
         "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC') "
         "ORDER BY window_start, tenant, content_type",
         {"since": started_ms - started_ms % 60_000},
@@ -387,7 +387,7 @@ def _print_rollups(s: Settings, warehouse: Warehouse, started_ms: int) -> None:
         entry["partials"] += 1
         for stage, data in json.loads(sketch or "{}").items():
             entry["latency"].setdefault(stage, LatencySketch()).merge(LatencySketch.from_dict(data))
-    table = Table(title="analytics.rollups: closed 1-minute windows of this run (docstream.rollups)")
+    table = Table(title="analytics.rollups: closed 1-minute windows of this run (docstream.current_rollups)")
     for column in ("window", "tenant", "content type"):
         table.add_column(column)
     for column in ("docs", "bytes", "pages", *STAGES, "partitions"):
@@ -465,8 +465,8 @@ class _RollupWait:
                 ("embeddings", EMBEDDED, "doc.embedded"),
                 ("thumbnails", THUMBNAILED, "doc.thumbnailed"),
             ):
-                keys = {
-                    e["idempotency_key"]
+                keys = {  # a completion counts once per document and effect (a redelivery once)
+                    (e["document_id"], e["idempotency_key"])
                     for e in (codec.decode(event, v) for _, v in _read(self.s, topic))
                     if e["document_id"] in ids
                 }
@@ -488,7 +488,7 @@ class _RollupWait:
 ROLLUP_COLUMNS = ("documents", "ocr_count", "embeddings_count", "thumbnails_count")
 ROLLUP_TOTALS = (
     "SELECT sum(documents), sum(ocr_count), sum(embeddings_count), sum(thumbnails_count) "
-    "FROM docstream.rollups FINAL WHERE window_size_s = 60 "
+    "FROM docstream.current_rollups WHERE window_size_s = 60 "
     "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')"
 )
 

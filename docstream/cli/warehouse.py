@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,14 +67,16 @@ def sink() -> None:
     from consumers.groups import build_sink
     from consumers.warehouse.query_server import serve_queries
     from consumers.warehouse.store import Warehouse
+    from docstream.kafka_connection import shown_on
 
     s = settings()
     with Warehouse(s.warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
         handler, worker = build_sink(s, warehouse)
         # the flusher outlives the worker: deferred messages settle during its shutdown;
-        # meanwhile `docstream sql|search|analytics` query the embedded warehouse through this process
-        with serve_queries(warehouse), handler:
+        # meanwhile `docstream sql|search|analytics` query the embedded warehouse through this process;
+        # a broker outage is logged once when it starts and once when it ends
+        with serve_queries(warehouse), handler, shown_on(sys.stderr):
             worker.install_signal_handlers()
             console.print(f"warehouse sink: {warehouse.url}, topics {', '.join(worker.topics)}")
             stats = worker.run()
@@ -97,8 +100,27 @@ def sql(
 
 
 @reports_errors
-def analytics(as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
-    """Per tenant and hour: documents, pages, p95 latency per stage; dead letters per hour and group."""
+def analytics(
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="recount every closed window from the raw upload and completion rows; list every window "
+        "whose rollup differs; exit 1 when any does",
+    ),
+    since: str | None = typer.Option(
+        None, "--since", help="with --verify: only windows starting at or after this time (ISO 8601, UTC)"
+    ),
+) -> None:
+    """Per tenant and hour: documents, pages, p95 latency per stage; dead letters per hour and group.
+
+    With --verify: the reconciliation of the rollups with the warehouse's raw rows instead.
+    """
+    if verify:
+        _verify_rollups(as_json, since)
+        return
+    if since is not None:
+        raise ConfigurationError("--since goes with --verify")
     from consumers.analytics.report import HOURLY_DEAD_LETTERS, HOURLY_ROLLUPS, hourly
 
     with _queries() as warehouse:
@@ -112,6 +134,47 @@ def analytics(as_json: bool = typer.Option(False, "--json", help="print the repo
     columns = ["hour", "tenant", "documents", "pages", "ocr_p95_ms", "embeddings_p95_ms", "thumbnails_p95_ms"]
     _print_rows(columns, [tuple(row[c] for c in columns) for row in report], "table")
     _print_rows(["hour", "group", "dead_letters"], [tuple(d.values()) for d in dead_letters], "table")
+
+
+def _verify_rollups(as_json: bool, since: str | None) -> None:
+    from consumers.analytics.verify import verify as reconcile
+
+    start = None
+    if since is not None:
+        try:
+            start = datetime.fromisoformat(since)
+        except ValueError as exc:
+            raise ConfigurationError(f"--since {since!r}: not an ISO 8601 time ({exc})") from exc
+        start = start if start.tzinfo is not None else start.replace(tzinfo=UTC)
+    with _queries() as warehouse:
+        result = reconcile(warehouse, start)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        if result.differences:
+            table = Table("window", "start", "tenant", "content type", "differs", "rollup", "recount")
+            for d in result.differences:
+                table.add_row(
+                    f"{d.window_size_s} s",
+                    d.window_start.isoformat(),
+                    d.tenant,
+                    d.content_type,
+                    ", ".join(d.fields),
+                    "none" if d.rollup is None else _brief(d.rollup),
+                    _brief(d.recount),
+                )
+            Console().print(table)
+        verdict = "[green]all match[/green]" if result.ok else f"[red]{len(result.differences)} differ[/red]"
+        console.print(
+            f"analytics --verify: {result.windows} closed windows, {result.rows} rows checked against "
+            f"{result.uploads} uploads and {result.completions} completions: {verdict}"
+        )
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def _brief(summary: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in summary.items() if value)
 
 
 @reports_errors

@@ -226,3 +226,18 @@ INNER JOIN
     FROM docstream.current_results
     WHERE stage = 'embeddings'
 ) AS r ON c.tenant = r.tenant AND c.document_id = r.document_id AND c.idempotency_key = r.idempotency_key;
+
+-- The rollups to count: per window and source partition, the rows of its highest revision. The
+-- analytics worker emits all of a window's (tenant, content type) rows with the same revision
+-- each time, so a row that an earlier emission had and the latest has not (an older completion
+-- moved from `unknown` to its upload's type) drops out here (consumers.analytics.windows).
+CREATE VIEW docstream.current_rollups AS
+SELECT * EXCEPT (top_revision)
+FROM
+(
+    SELECT
+        *,
+        max(revision) OVER (PARTITION BY window_size_s, window_start, source_partition) AS top_revision
+    FROM docstream.rollups FINAL
+)
+WHERE revision = top_revision;
