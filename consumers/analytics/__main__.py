@@ -28,6 +28,7 @@ def main() -> None:
         limits=Limits.from_settings(settings),
         dead_letters=dead_letter_topic(group_id("analytics", settings.group_prefix)),
         idle_ms=settings.analytics.idle_ms,
+        session_timeout_s=settings.runtime.session_timeout_ms / 1000,  # as every group's members
         datadir=str(settings.home / "analytics"),
     )
     app.main()  # faust's command line: `worker`, `-l info`, ...

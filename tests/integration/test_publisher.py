@@ -320,3 +320,31 @@ def test_cli_without_a_running_local_broker_fails_fast(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "broker is not running" in result.output
     assert time.monotonic() - started < 5
+
+
+def test_cli_refuses_an_empty_file_and_publishes_nothing(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = new_topic(partitions=1)
+    empty, fine = tmp_path / "empty.txt", tmp_path / "fine.txt"
+    empty.write_bytes(b"")
+    fine.write_text("some text")
+    result = run_cli(["--topic", topic, str(empty)], cli_env(settings))
+    assert result.exit_code == 2
+    assert "empty.txt is empty" in result.output
+    result = run_cli(["--topic", topic, str(fine)], cli_env(settings))  # the topic sees only this one
+    assert result.exit_code == 0, result.output
+    (msg,) = consume(settings, topic, 1)
+    assert (
+        json.loads(json.dumps(make_codec(None).decode("doc.uploaded", msg.value() or b"")["size_bytes"])) == 9
+    )
+
+
+def test_cli_refuses_a_type_no_stage_reads(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    path = tmp_path / "tool.exe"
+    path.write_bytes(b"MZ\x90\x00\x03\x00\x00\x00")
+    result = run_cli(["--topic", new_topic(partitions=1), str(path)], cli_env(settings))
+    assert result.exit_code == 2
+    assert "unsupported content type" in result.output
