@@ -133,17 +133,23 @@ def _render(page: Any, number: int, dpi: int) -> RgbImage:
 
 def _image_page(content: bytes, max_pixels: int) -> Page:
     """A PNG / JPEG / TIFF as one page (a multi-frame TIFF's first frame); checked before decoding."""
+    with _checked_image(content, max_pixels) as image:
+        return Page(1, "", np.asarray(image.convert("RGB"), dtype=np.uint8))
+
+
+@contextmanager
+def _checked_image(content: bytes, max_pixels: int) -> Iterator[Image.Image]:
+    """An image opened (its header read, nothing decoded yet) once its size passed `max_pixels`."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(content)) as image:
                 _check_pixels("image", image.width, image.height, max_pixels, "")
-                rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+                yield image
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise PermanentError(f"not a readable image: {exc}") from exc
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise PermanentError(f"image too large: {exc}") from exc
-    return Page(1, "", rgb)
+        raise InvalidEventError(f"image too large: {exc}") from exc
 
 
 def _check_pixels(what: str, width: int, height: int, max_pixels: int, at: str) -> None:
@@ -204,8 +210,8 @@ def inspect_document(content: bytes, content_type: str, limits: Limits) -> list[
     if content_type in TEXT_TYPES:
         return [plain_text(content)]
     if content_type in IMAGE_TYPES:
-        _image_size(content, limits.max_pixels)
-        return [""]
+        with _checked_image(content, limits.max_pixels):
+            return [""]
     if content_type != PDF:
         raise InvalidEventError(f"unsupported content type {content_type!r}")
     return _each_pdf_page(content, limits.max_pages, lambda doc, i: _inspect_pdf_page(doc, i, limits))
@@ -222,19 +228,6 @@ def _inspect_pdf_page(document: Any, index: int, limits: Limits) -> str:
         width, height = round(width_pt * limits.dpi / 72), round(height_pt * limits.dpi / 72)
         _check_pixels(f"page {index + 1}", width, height, limits.max_pixels, f" at {limits.dpi} dpi")
     return text
-
-
-def _image_size(content: bytes, max_pixels: int) -> None:
-    """An image's size from its header, checked against `max_pixels`; nothing is decoded."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(content)) as image:
-                _check_pixels("image", image.width, image.height, max_pixels, "")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise PermanentError(f"not a readable image: {exc}") from exc
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise InvalidEventError(f"image too large: {exc}") from exc
 
 
 def text_layers(content: bytes, *, content_type: str, max_pages: int) -> list[str]:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from docstream.topology import declared_topics
+from infra.broker import LocalBroker, free_port
+from infra.topics import ensure_topics
 
 
 def create_topics(bootstrap: str, names: Iterable[str], partitions: int = 1) -> None:
@@ -36,3 +42,16 @@ def read_messages(bootstrap: str, topic: str, count: int, timeout: float = 30.0)
         return found
     finally:
         consumer.close()
+
+
+@contextmanager
+def private_broker(work_dir: Path, partitions: int) -> Iterator[LocalBroker]:
+    """A broker of the caller's own on free loopback ports, with docstream's declared topics: for
+    tests that stop or restart the broker, or must not see the session broker's other topics."""
+    broker = LocalBroker(work_dir, broker_port=free_port(), controller_port=free_port())
+    broker.start(timeout=90)
+    try:
+        ensure_topics({"bootstrap.servers": broker.bootstrap}, declared_topics(partitions))
+        yield broker
+    finally:
+        broker.stop(timeout=15)

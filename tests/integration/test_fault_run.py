@@ -38,16 +38,15 @@ from typing import Any, ClassVar
 
 import pytest
 from confluent_kafka import Producer
-from kafka_helpers import read_messages
+from kafka_helpers import private_broker, read_messages
 
 from consumers.lag import offset_lag
 from consumers.runtime import headers as hdr
 from consumers.warehouse.query_server import open_for_queries
 from consumers.warehouse.sink import SinkTopics
 from docstream.settings import Settings
-from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE, THUMBNAILED, declared_topics, retry_topic
-from infra.broker import LocalBroker, free_port
-from infra.topics import ensure_topics
+from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE, THUMBNAILED, retry_topic
+from infra.broker import LocalBroker
 from producers.publisher import Publisher
 from schemas.codec import make_codec
 
@@ -67,15 +66,8 @@ INPUTS = {
 
 @pytest.fixture(scope="module")
 def broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    own = LocalBroker(
-        tmp_path_factory.mktemp("fault-broker"), broker_port=free_port(), controller_port=free_port()
-    )
-    own.start(timeout=90)
-    try:
-        ensure_topics({"bootstrap.servers": own.bootstrap}, declared_topics(PARTITIONS))
+    with private_broker(tmp_path_factory.mktemp("fault-broker"), PARTITIONS) as own:
         yield own
-    finally:
-        own.stop(timeout=15)
 
 
 @dataclass

@@ -250,6 +250,7 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
         "chunks",
         "current_chunks",
         "current_results",
+        "current_rollups",
         "dead_letters",
         "rollups",
         "schema_migrations",

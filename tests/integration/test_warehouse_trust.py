@@ -525,6 +525,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
             "chunks",
             "current_chunks",
             "current_results",
+            "current_rollups",
             "dead_letters",
             "rollups",
             "schema_migrations",

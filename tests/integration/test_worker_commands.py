@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from kafka_helpers import create_topics
+from kafka_helpers import create_topics, private_broker
 
 from consumers.runtime import Context, RunStats, Worker
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings
 from docstream.topology import DOC_UPLOADED, THUMBNAILED, declared_topics, group_id
-from infra.broker import LocalBroker, free_port
+from infra.broker import LocalBroker
 from infra.topics import ensure_topics
 from producers.documents import text_pdf
 from producers.publisher import PublishedDocument, Publisher
@@ -51,15 +51,8 @@ HANDFUL = 5  # the most lines a process may print while the broker is away
 
 @pytest.fixture(scope="module")
 def broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    own = LocalBroker(
-        tmp_path_factory.mktemp("outage-broker"), broker_port=free_port(), controller_port=free_port()
-    )
-    own.start(timeout=90)
-    try:
-        ensure_topics({"bootstrap.servers": own.bootstrap}, declared_topics(PARTITIONS))
+    with private_broker(tmp_path_factory.mktemp("outage-broker"), PARTITIONS) as own:
         yield own
-    finally:
-        own.stop(timeout=15)
 
 
 @pytest.fixture(scope="module")
