@@ -2,6 +2,11 @@
 
 A retried or dead-lettered record keeps the original key and value; these headers carry where
 it came from and why it moved, so that tools can show and re-drive it.
+
+A record that already carries docstream's headers when a group reads it from a source topic (a
+dead letter, which the warehouse sink reads) would lose them to its own retry or dead-letter
+headers, which have the same names: they travel along under `CARRIED` (`carry`), and
+`carried` gives them back.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ OWN = frozenset(
     }
 )
 
+CARRIED = "docstream.carried."  # + an own header's name: the record's own header, kept on its retry
+
 HeaderList = list[tuple[str, str | bytes | None]]
 
 
@@ -54,3 +61,13 @@ def passthrough(headers: Iterable[tuple[str, str | bytes | None]] | None) -> Hea
 
 def encode(values: dict[str, str | int]) -> HeaderList:
     return [(name, str(value).encode()) for name, value in values.items()]
+
+
+def carry(headers: Iterable[tuple[str, str | bytes | None]] | None) -> HeaderList:
+    """docstream's own headers of a record read from a source topic, renamed to travel along."""
+    return [(CARRIED + name, value) for name, value in headers or () if name in OWN]
+
+
+def carried(headers: Iterable[tuple[str, str | bytes | None]] | None) -> dict[str, str]:
+    """The own headers a retry or dead-letter record carries for the record it retries."""
+    return {name[len(CARRIED) :]: text(value) for name, value in headers or () if name.startswith(CARRIED)}

@@ -45,12 +45,19 @@ def _error(error: BaseException, traceback: str) -> dict[str, str | int]:
     }
 
 
+def _kept(message: Event) -> hdr.HeaderList:
+    """The headers a retry or dead-letter record keeps: the foreign ones, and the record's own
+    docstream headers when it was read from a source topic (a dead letter the sink retries)."""
+    raw = message.raw.headers()
+    return hdr.passthrough(raw) + ([] if message.via_retry else hdr.carry(raw))
+
+
 def retry_record(
     message: Event, group: str, retry_topic: str, error: BaseException, traceback: str, not_before_ms: int
 ) -> Reroute:
     values = _origin(message, group) | _error(error, traceback)
     values |= {hdr.ATTEMPT: message.attempt + 1, hdr.NOT_BEFORE_MS: not_before_ms}
-    headers = hdr.passthrough(message.raw.headers()) + hdr.encode(values)
+    headers = _kept(message) + hdr.encode(values)
     return Reroute(retry_topic, message.origin[1], message.key, message.raw.value(), headers)
 
 
@@ -58,5 +65,5 @@ def dead_letter_record(
     message: Event, group: str, dlq_topic: str, error: BaseException, traceback: str
 ) -> Reroute:
     values = _origin(message, group) | _error(error, traceback) | {hdr.ATTEMPT: message.attempt}
-    headers = hdr.passthrough(message.raw.headers()) + hdr.encode(values)
+    headers = _kept(message) + hdr.encode(values)
     return Reroute(dlq_topic, message.origin[1], message.key, message.raw.value(), headers)

@@ -142,7 +142,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     DEAD_LETTERS: DEAD_LETTER_COLUMNS,
     ROLLUPS_TABLE: ROLLUP_COLUMNS,
 }
-DEAD_LETTERED_GROUPS = ("ocr", "embeddings", "thumbnails")
+DEAD_LETTERED_GROUPS = ("ocr", "embeddings", "thumbnails", "analytics")  # analytics: what it cannot fold
 # The stage each completion event type is about (an event of one topic naming another stage is refused).
 EVENT_STAGES = {"doc.ocr.done": "ocr", "doc.embedded": "embeddings", "doc.thumbnailed": "thumbnails"}
 MAX_PARTITION = 65_535  # rollups.source_partition and uploads.source_partition are UInt16
@@ -540,13 +540,10 @@ class WarehouseSink:
         """The rows of one message, per table; `origin` is where it was first published."""
         topic, partition, offset, produced_ms = origin
         if topic in self._topics.dead_letters:
-            if message.topic() != topic:  # the sink's retry record replaced the dead letter's headers
-                raise PermanentError(
-                    f"{coordinates}: a dead letter of {topic} retried by the sink no longer carries its"
-                    " original headers; read it from its dead-letter topic"
-                )
-            headers = hdr.to_dict(message.headers())
-            return {DEAD_LETTERS: [dead_letter_row(topic, message.key(), headers, message.timestamp()[1])]}
+            # Retried by the sink, the dead letter's own headers travel as carried ones.
+            retried = message.topic() != topic
+            headers = hdr.carried(message.headers()) if retried else hdr.to_dict(message.headers())
+            return {DEAD_LETTERS: [dead_letter_row(topic, message.key(), headers, produced_ms)]}
         if topic == self._topics.rollups:
             try:
                 rollup = json.loads(message.value() or b"")

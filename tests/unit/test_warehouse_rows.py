@@ -180,13 +180,14 @@ def test_a_dead_letter_without_headers_is_named_after_its_topic() -> None:
     assert (row["group"], row["key"], row["attempts"], row["original_topic"]) == ("g.x", "", 1, "")
 
 
-def test_the_sink_reads_uploads_the_result_topics_the_stage_groups_dead_letters_and_the_rollups() -> None:
+def test_the_sink_reads_uploads_the_result_topics_the_groups_dead_letters_and_the_rollups() -> None:
     topics = SinkTopics.declared("p.")
     assert topics.all == [
         "doc.uploaded",
         "doc.ocr.done",
         "doc.embedded",
         "doc.thumbnailed",
+        "p.analytics.dlq",
         "p.embeddings.dlq",
         "p.ocr.dlq",
         "p.thumbnails.dlq",

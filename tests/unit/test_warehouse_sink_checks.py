@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from consumers.runtime import headers as hdr
+from consumers.runtime.lanes import Segment
+from consumers.runtime.message import Event
+from consumers.runtime.routing import retry_record
 from consumers.warehouse.sink import (
     CHUNKS,
     DEAD_LETTERS,
@@ -28,7 +31,7 @@ from consumers.warehouse.sink import (
     WarehouseSink,
 )
 from docstream.blobstore import BlobStore
-from docstream.errors import InvalidEventError, PermanentError, UnsafeReferenceError
+from docstream.errors import InvalidEventError, TransientError, UnsafeReferenceError
 from docstream.idempotency import idempotency_key
 from schemas.codec import make_codec
 
@@ -57,6 +60,12 @@ class Message:
 
     def timestamp(self) -> tuple[int, int]:
         return (1, NOW_MS)
+
+    def partition(self) -> int:
+        return 2
+
+    def offset(self) -> int:
+        return 40
 
 
 def origin(topic: str, partition: int = 2, offset: int = 40) -> Origin:
@@ -209,7 +218,7 @@ def test_a_rollup_that_is_not_json_is_refused(sink: WarehouseSink) -> None:
         sink.rows(Message("analytics.rollups", b"{"), origin("analytics.rollups"))
 
 
-def test_a_dead_letter_becomes_a_row_but_not_once_the_sink_s_retry_replaced_its_headers(
+def test_a_dead_letter_becomes_the_same_row_straight_from_its_topic_or_back_from_the_sink_s_retry(
     sink: WarehouseSink,
 ) -> None:
     letter: dict[str, str | int] = {
@@ -217,7 +226,18 @@ def test_a_dead_letter_becomes_a_row_but_not_once_the_sink_s_retry_replaced_its_
         hdr.ORIGINAL_OFFSET: 7,
         hdr.ERROR_CLASS: "PermanentError",
     }
-    rows = sink.rows(Message("t.ocr.dlq", b"x", letter), origin("t.ocr.dlq"))
-    assert rows[DEAD_LETTERS][0][1:4] == ("doc.uploaded", 0, 7)
-    with pytest.raises(PermanentError, match="no longer carries its original headers"):
-        sink.rows(Message(RETRY, b"x", letter), origin("t.ocr.dlq"))
+    direct = sink.rows(Message("t.ocr.dlq", b"x", letter), origin("t.ocr.dlq"))
+    assert direct[DEAD_LETTERS][0][1:4] == ("doc.uploaded", 0, 7)
+    # The sink's retry record: its own origin headers, the dead letter's carried along.
+    letter_on_retry = Message("t.ocr.dlq", b"x", letter)
+    retried = retry_record(
+        Event(letter_on_retry, Segment(("t.ocr.dlq", 2)), False),
+        "t.warehouse",
+        RETRY,
+        TransientError("warehouse unreachable"),
+        "",
+        0,
+    )
+    back = Message(RETRY, b"x")
+    back._headers = retried.headers
+    assert sink.rows(back, origin("t.ocr.dlq")) == direct
