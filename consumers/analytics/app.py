@@ -247,7 +247,7 @@ def make_app(
             )
         return fold
 
-    positions = _Positions(bootstrap, app_id, [*by_topic])
+    positions = _Positions(bootstrap, app_id)
 
     @app.on_partitions_revoked.connect
     async def forget_folds(*_: Any, **__: Any) -> None:
@@ -471,8 +471,8 @@ class _Positions:
     group's committed offset (or the log start), asked from the broker.
     """
 
-    def __init__(self, bootstrap: str, group: str, topics: list[str]) -> None:
-        self._bootstrap, self._group, self._topics = bootstrap, group, set(topics)
+    def __init__(self, bootstrap: str, group: str) -> None:
+        self._bootstrap, self._group = bootstrap, group
         self._next: dict[tuple[str, int], int] = {}
         self._reader: Any = None
         self._admin: Any = None
@@ -506,15 +506,25 @@ class _Positions:
         )
 
     def _committed(self, topic: str, partition: int) -> int:
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self._bootstrap})
         request = [ConsumerGroupTopicPartitions(self._group, [TopicPartition(topic, partition)])]
-        answer = self._admin.list_consumer_group_offsets(request)[self._group].result(
-            timeout=READ_BACK_TIMEOUT_S
-        )
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while True:
+            try:
+                answer = self._admin.list_consumer_group_offsets(request)[self._group].result(
+                    timeout=READ_BACK_TIMEOUT_S
+                )
+                break
+            except KafkaException as exc:  # the coordinator is loading, moving ...: ask again
+                if time.monotonic() > deadline:
+                    raise DocstreamError(
+                        f"cannot read group {self._group}'s offset of {topic}[{partition}]: {exc}"
+                    ) from exc
+                time.sleep(0.2)
         [found] = answer.topic_partitions
         if found.offset >= 0:
             return int(found.offset)
@@ -524,19 +534,26 @@ class _Positions:
         return int(low)  # nothing committed: the app reads from the earliest record
 
     def _read(self, topic: str, partition: int, start: int, end: int) -> list[_Record]:
+        """The records of offsets start..end-1 that the log still holds (retention may have taken the
+        oldest; a control record or a compacted offset is passed over: reading ends once the
+        consumer's position reaches `end`)."""
         from confluent_kafka import TopicPartition
 
         consumer = self._consumer()
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_BACK_TIMEOUT_S)
+        start = max(start, low)
+        if start >= end:
+            return []
         consumer.assign([TopicPartition(topic, partition, start)])
         found: list[_Record] = []
         deadline = time.monotonic() + READ_BACK_TIMEOUT_S
         try:
-            while len(found) < end - start:
+            while consumer.position([TopicPartition(topic, partition)])[0].offset < end:
                 if time.monotonic() > deadline:
                     raise DocstreamError(
                         f"{topic}[{partition}]: could not read back offsets {start}..{end - 1}"
                     )
-                for message in consumer.consume(end - start - len(found), 1.0):
+                for message in consumer.consume(max(1, end - start - len(found)), 1.0):
                     if message.error() is None and start <= message.offset() < end:
                         timestamp = message.timestamp()[1]
                         found.append(
