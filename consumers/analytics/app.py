@@ -97,6 +97,7 @@ from docstream.topology import (
     dead_letter_topic,
 )
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
+from docstream.validation import timestamp_ms as validate_time
 from schemas.codec import Codec, make_codec
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ def make_app(
         p, where = record.partition, f"{record.topic}[{record.partition}]@{record.offset}"
         state = fold_of(p)
         if record.topic == clock_topic:
-            tick = _tick(record.value, where)
+            tick = _tick(record, where, limits)
             if tick is None:
                 return
             clock.tick_pending.discard(p)
@@ -413,15 +414,18 @@ def _drain_table_writes_on_flush() -> None:
     Producer.flush = draining_flush  # type: ignore[method-assign]
 
 
-def _tick(value: bytes | None, where: str) -> int | None:
+def _tick(record: _Record, where: str, limits: Limits = DEFAULT_LIMITS) -> int | None:
+    """The time a tick carries; None (logged) for a malformed one, or one later than its own record
+    (a tick far in the future would drop every kept window)."""
     try:
-        data = json.loads(value or b"")
+        data = json.loads(record.value or b"")
         if data.get("kind") != TICK:
             raise ValueError(f"kind {data.get('kind')!r}")
-        return int(data["at_ms"])
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        at_ms = validate_time(data["at_ms"], "at_ms", "tick", limits, record.timestamp_ms)
+    except (DocstreamError, ValueError, TypeError, KeyError, AttributeError) as exc:
         logger.error("skipping a malformed tick at %s: %s", where, exc)
         return None
+    return at_ms
 
 
 def _tick_due(state: WindowFold | None, partition: int, open_events: Any, now_ms: int) -> bool:

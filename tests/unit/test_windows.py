@@ -408,3 +408,20 @@ def test_the_repro_of_issue_10_a_backlog_read_out_of_order_across_topics_is_exac
     minutes = totals([r for r in emitted if r.window_size == MINUTE_MS])
     assert sum(shape[0] for shape in minutes.values()) == 600
     assert minutes == {k: _shape(r) for k, r in recount(uploads + done, (MINUTE_MS,)).items()}
+
+
+def test_a_tick_from_the_future_or_malformed_is_skipped() -> None:
+    """analytics.clock ticks are checked like events: one later than its own record would drop
+    every kept window (consumers.analytics.app._tick)."""
+    import json
+
+    from consumers.analytics.app import _Record, _tick
+
+    def tick(at_ms: object, produced_ms: int | None = 1_800_000_000_000) -> int | None:
+        value = json.dumps({"kind": "Tick", "at_ms": at_ms}).encode()
+        return _tick(_Record("analytics.clock", 0, 7, produced_ms, b"tick", value), "analytics.clock[0]@7")
+
+    assert tick(1_800_000_000_000) == 1_800_000_000_000
+    assert tick(1_800_000_000_000 + 3_600_000) is None  # an hour after its record was produced
+    assert tick("soon") is None
+    assert tick(10) is None  # before 2000
