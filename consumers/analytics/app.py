@@ -65,7 +65,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,7 +248,13 @@ def make_app(
             )
         return fold
 
-    positions = _Positions(bootstrap, app_id)
+    def committed(topic: str, partition: int) -> int | None:
+        """The offset faust sought the partition to on assignment (its record of the group's commit)."""
+        offsets = app.consumer._committed_offset  # type: ignore[attr-defined]  # faust-internal
+        offset: int | None = offsets.get(TP(topic, partition))
+        return offset
+
+    positions = _Positions(bootstrap, app_id, committed)
 
     @app.on_partitions_revoked.connect
     async def forget_folds(*_: Any, **__: Any) -> None:
@@ -471,15 +477,15 @@ class _Positions:
     transactions, so their offsets are consecutive: a record past the next expected offset means
     records were skipped. They are read back from the topic and folded before it (the fold is the
     same in any order), then marked as a gap for faust's commit, which now passes them only once
-    they are in the table. The next expected offset of a partition faust just assigned is the
-    group's committed offset (or the log start), asked from the broker.
+    they are in the table. The next expected offset of a partition just assigned is where faust
+    sought it: the group's committed offset (`committed`, faust's own record of it; None or 0:
+    the log start).
     """
 
-    def __init__(self, bootstrap: str, group: str) -> None:
-        self._bootstrap, self._group = bootstrap, group
+    def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
+        self._bootstrap, self._group, self._committed = bootstrap, group, committed
         self._next: dict[tuple[str, int], int] = {}
         self._reader: Any = None
-        self._admin: Any = None
 
     def forget(self) -> None:
         self._next.clear()
@@ -490,10 +496,9 @@ class _Positions:
 
     async def skipped(self, record: _Record) -> list[_Record]:
         """The records of `record`'s partition between the next expected offset and it."""
-        loop = asyncio.get_running_loop()
         start = self._next.get((record.topic, record.partition))
-        if start is None:
-            start = await loop.run_in_executor(None, self._committed, record.topic, record.partition)
+        if start is None:  # the first record since the partition was assigned: where faust sought
+            start = self._committed(record.topic, record.partition) or 0
         if record.offset <= start:
             return []
         logger.warning(
@@ -505,37 +510,9 @@ class _Positions:
             start,
             record.offset - start,
         )
-        return await loop.run_in_executor(
+        return await asyncio.get_running_loop().run_in_executor(
             None, self._read, record.topic, record.partition, start, record.offset
         )
-
-    def _committed(self, topic: str, partition: int) -> int:
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-        from confluent_kafka.admin import AdminClient
-
-        if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self._bootstrap})
-        request = [ConsumerGroupTopicPartitions(self._group, [TopicPartition(topic, partition)])]
-        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
-        while True:
-            try:
-                answer = self._admin.list_consumer_group_offsets(request)[self._group].result(
-                    timeout=READ_BACK_TIMEOUT_S
-                )
-                break
-            except KafkaException as exc:  # the coordinator is loading, moving ...: ask again
-                if time.monotonic() > deadline:
-                    raise DocstreamError(
-                        f"cannot read group {self._group}'s offset of {topic}[{partition}]: {exc}"
-                    ) from exc
-                time.sleep(0.2)
-        [found] = answer.topic_partitions
-        if found.offset >= 0:
-            return int(found.offset)
-        low, _ = self._consumer().get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=READ_BACK_TIMEOUT_S
-        )
-        return int(low)  # nothing committed: the app reads from the earliest record
 
     def _read(self, topic: str, partition: int, start: int, end: int) -> list[_Record]:
         """The records of offsets start..end-1 that the log still holds (retention may have taken the

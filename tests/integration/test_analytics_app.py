@@ -499,36 +499,37 @@ if __name__ == "__main__":
     _worker_main(*sys.argv[1:5])
 
 
-def test_records_faust_skipped_are_read_back_from_where_the_group_is(
+def test_records_faust_skipped_are_read_back_from_where_faust_sought(
     kafka_bootstrap: str, admin_conf: dict[str, Any], new_topic: Callable[..., str]
 ) -> None:
-    """`_Positions`: the records between the next expected offset (the last seen + 1, or the group's
-    committed offset, or the log start) and the one faust handed over, read back from the topic."""
+    """`_Positions`: the records between the next expected offset (the last seen + 1; for the
+    first record since an assignment, where faust sought the partition, or the log start) and the
+    one faust handed over are read back from the topic."""
     import asyncio
 
     from consumers.analytics.app import _Positions, _Record
 
-    topic, group = new_topic(1, "skips"), f"skips-{uuid.uuid4().hex[:8]}"
+    topic = new_topic(1, "skips")
     producer = Producer(admin_conf)
-    for i in range(10):
+    for i in range(12):
         producer.produce(topic, value=f"v{i}".encode(), key=b"k", partition=0)
     assert producer.flush(10) == 0
+    sought: dict[tuple[str, int], int | None] = {}
 
     def handed(offset: int) -> _Record:
         return _Record(topic, 0, offset, None, b"k", f"v{offset}".encode())
 
     async def skipped(positions: _Positions, offset: int) -> list[tuple[int, bytes | None]]:
-        return [(r.offset, r.value) for r in await positions.skipped(handed(offset))]
+        found = [(r.offset, r.value) for r in await positions.skipped(handed(offset))]
+        positions.seen(handed(offset))
+        return found
 
-    positions = _Positions(kafka_bootstrap, group)
-    assert asyncio.run(skipped(positions, 3)) == [(0, b"v0"), (1, b"v1"), (2, b"v2")]  # nothing committed
-    positions.seen(handed(3))
-    assert asyncio.run(skipped(positions, 4)) == []  # the next one: nothing skipped
-    positions.seen(handed(4))
-    assert asyncio.run(skipped(positions, 8)) == [(5, b"v5"), (6, b"v6"), (7, b"v7")]
-
-    consumer = Consumer({**admin_conf, "group.id": group, "enable.auto.commit": False})
-    consumer.commit(offsets=[TopicPartition(topic, 0, 6)], asynchronous=False)
-    consumer.close()
-    after_a_rebalance = _Positions(kafka_bootstrap, group)  # nothing seen: the group's committed offset
-    assert asyncio.run(skipped(after_a_rebalance, 9)) == [(6, b"v6"), (7, b"v7"), (8, b"v8")]
+    positions = _Positions(kafka_bootstrap, "skips", lambda t, p: sought.get((t, p)))
+    assert asyncio.run(skipped(positions, 2)) == [(0, b"v0"), (1, b"v1")]  # nothing committed: from the start
+    assert asyncio.run(skipped(positions, 3)) == []  # the next one
+    assert asyncio.run(skipped(positions, 7)) == [(4, b"v4"), (5, b"v5"), (6, b"v6")]
+    positions.forget()  # a rebalance: faust seeks to the committed offset
+    sought[(topic, 0)] = 9
+    assert asyncio.run(skipped(positions, 9)) == []
+    positions.forget()
+    assert asyncio.run(skipped(positions, 11)) == [(9, b"v9"), (10, b"v10")]
