@@ -119,8 +119,9 @@ def new_topic(admin_conf: dict[str, Any], settings: Settings) -> Iterator[Callab
 
     def create(partitions: int = 1, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        ensure_topics(admin_conf, [TopicSpec(name, partitions, ())],
-                      replication_factor=settings.replication_factor)
+        ensure_topics(
+            admin_conf, [TopicSpec(name, partitions, ())], replication_factor=settings.replication_factor
+        )
         created.append(name)
         return name
 

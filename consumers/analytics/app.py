@@ -478,8 +478,10 @@ class _Positions:
     records were skipped. They are read back from the topic and folded before it (the fold is the
     same in any order), then marked as a gap for faust's commit, which now passes them only once
     they are in the table. The next expected offset of a partition just assigned is where faust
-    sought it: the group's committed offset (`committed`, faust's own record of it; None or 0:
-    the log start).
+    sought it: the group's committed offset (`committed`, faust's own record of it). Records faust
+    hands over before that seek are where the client itself starts, the committed offset, so the
+    first of them is taken as it comes (reading back from the log start then, as an earlier version
+    did, left faust's commit waiting for offsets below its own committed one).
     """
 
     def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
@@ -498,8 +500,9 @@ class _Positions:
         """The records of `record`'s partition between the next expected offset and it."""
         start = self._next.get((record.topic, record.partition))
         if start is None:  # the first record since the partition was assigned: where faust sought
-            start = self._committed(record.topic, record.partition) or 0
-        if record.offset <= start:
+            start = self._committed(record.topic, record.partition)
+        if start is None or record.offset <= start:
+            # Not sought yet (faust may hand records over just before its seek), or no hole.
             return []
         logger.warning(
             "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"

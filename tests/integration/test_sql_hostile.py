@@ -259,7 +259,8 @@ def test_an_analysts_query_returns_its_rows_both_ways(served: Served, sql: str) 
     assert rows, sql
     with open_for_queries(served.url) as queries:
         assert isinstance(queries, OwnerQueries)
-        assert repr(queries.query(sql)) == repr((columns, rows))
+        answered = queries.query(sql)  # the same rows and types (a UNION ALL has no set order)
+        assert answered[0] == columns and sorted(map(repr, answered[1])) == sorted(map(repr, rows))
     assert SECRET not in repr(rows) and PASSWD not in repr(rows)
 
 

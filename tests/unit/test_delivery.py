@@ -91,4 +91,3 @@ def test_a_raising_callback_is_logged_and_does_not_break_the_report(caplog: pyte
         future(None, reported_message())
     assert seen == [42]
     assert "boom" in caplog.text
-

@@ -23,8 +23,6 @@ CONTENT = StoredContent(sha256="ab" * 32, uri="/blobs/content/ab/" + "ab" * 32, 
 UPLOADED_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
 
-
-
 @pytest.mark.parametrize(
     ("data", "name", "expected"),
     [
@@ -35,8 +33,11 @@ UPLOADED_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
         (b"GIF89a....", None, "image/gif"),
         (b"II*\x00....", None, "image/tiff"),
         (b"RIFF\x00\x00\x00\x00WEBPVP8 ", None, "image/webp"),
-        (b"PK\x03\x04....", "report.docx",
-         "application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
+        (
+            b"PK\x03\x04....",
+            "report.docx",
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        ),
         (b"PK\x03\x04....", None, "application/zip"),
         (b"<html></html>", "page.html", "text/html"),
         (b"plain words", None, "text/plain"),
