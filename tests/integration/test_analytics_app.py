@@ -153,7 +153,7 @@ def wait_committed(
 ) -> None:
     """Wait until the worker's group committed `ends` ((topic, partition) -> offset)."""
     consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
-    deadline = time.monotonic() + DEADLINE_S
+    deadline, short = time.monotonic() + DEADLINE_S, {}
     try:
         while time.monotonic() < deadline:
             try:
@@ -162,10 +162,15 @@ def wait_committed(
                 parts = []
             if parts and all(p.offset >= ends[(p.topic, p.partition)] for p in parts):
                 return
+            short = {(p.topic, p.partition): (p.offset, ends[(p.topic, p.partition)]) for p in parts}
+            short = {tp: got_want for tp, got_want in short.items() if got_want[0] < got_want[1]}
             time.sleep(0.5)
     finally:
         consumer.close()
-    pytest.fail(f"the worker did not commit {ends} in {DEADLINE_S} s\n{log_tail(log_path)}")
+    pytest.fail(
+        f"the worker did not commit {ends} in {DEADLINE_S} s; short (committed, wanted): {short}\n"
+        + log_tail(log_path)
+    )
 
 
 def closed_minute_totals(
