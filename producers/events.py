@@ -10,9 +10,10 @@ import mimetypes
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from docstream.blobstore import StoredContent
+if TYPE_CHECKING:  # a type only: the blob store does I/O (fsspec), this module does not
+    from docstream.blobstore import StoredContent
 
 RandomBytes = Callable[[int], bytes]
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from consumers.ocr.engine import ImageArray, PageText
 from consumers.ocr.pages import Page, plain_text, render_pages
 from docstream.settings import OcrSettings
 from docstream.topology import OCR_DONE
+
+if TYPE_CHECKING:  # types only: importing the engine loads rapidocr and cv2
+    from consumers.ocr.engine import ImageArray, PageText
 
 ENGINE = "rapidocr-3.10.0"
 

@@ -7,7 +7,6 @@ seconds, `now_ms` here is that times 1000. The cases after it are docstream's.
 
 from __future__ import annotations
 
-import inspect
 from typing import NamedTuple
 
 import pytest
@@ -21,7 +20,6 @@ from consumers.lag import (
     evaluate_group,
     evaluate_partition,
     group_health,
-    offset_lag,
     partition_health,
 )
 
@@ -612,7 +610,3 @@ def test_group_health_rolls_up_lag_and_completeness() -> None:
     assert group.max_lag == ("t", 1), "the first of the highest"
     empty = group_health({})
     assert (empty.status, empty.complete, empty.max_lag, empty.total_lag) == (OK, 0.0, None, 0)
-
-
-def test_offset_lag_is_untouched() -> None:
-    assert list(inspect.signature(offset_lag).parameters) == ["connection", "group_id", "topics", "timeout"]

@@ -1,0 +1,79 @@
+"""The layers of the tree, read from its import statements (ast, nothing imported): the shared
+core and the contract sit below everything, the CLI above everything; and the modules that say
+they stay light do not load heavy dependencies when imported."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("docstream", "producers", "consumers", "schemas", "infra")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the docstream-tree modules it imports (at any depth in the file)."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name, imported = _module(path), set()
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            graph[name] = {m for m in imported if m.split(".")[0] in PACKAGES}
+    return graph
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _violations(below: tuple[str, ...], above: tuple[str, ...], exempt: tuple[str, ...] = ()) -> list[str]:
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if _in(module, *below) and not _in(module, *exempt)
+        for target in targets
+        if _in(target, *above)
+    )
+
+
+def test_the_graph_sees_the_tree() -> None:
+    graph = import_graph()
+    assert "docstream.cli" in graph and "consumers.runtime.loop" in graph
+    assert any(_in(m, "docstream.settings") for m in graph["docstream.cli.run"])
+
+
+def test_nothing_below_the_cli_imports_it() -> None:
+    assert _violations(PACKAGES, ("docstream.cli",), exempt=("docstream.cli",)) == []
+
+
+def test_the_shared_core_and_the_contract_import_no_layer_above_them() -> None:
+    above = ("consumers", "producers", "infra")
+    assert _violations(("docstream", "schemas"), above, exempt=("docstream.cli",)) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "heavy"),
+    [
+        ("producers.events", ("fsspec",)),  # "pure functions, no I/O"
+        ("consumers.ocr.worker", ("rapidocr", "cv2", "onnxruntime")),  # the engine loads them, not the stage
+        ("docstream.topology", ("confluent_kafka",)),  # pure data
+    ],
+)
+def test_light_modules_load_no_heavy_dependency(module: str, heavy: tuple[str, ...]) -> None:
+    code = f"import sys, {module}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    argv = [sys.executable, "-c", code]
+    loaded = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "", f"importing {module} loaded {loaded.stdout.strip()}"
