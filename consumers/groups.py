@@ -30,7 +30,7 @@ WORKER_GROUPS = ("ocr", "embeddings", "thumbnails")
 
 @dataclass
 class WorkerOptions:
-    """How a worker differs from the live group's: what a side replay (consumers.replay) changes."""
+    """How a worker differs from the live group's: what a side replay (consumers.ops.replay) changes."""
 
     group_id: str | None = None  # None: the live group's id
     dead_letter_to: str | None = None  # None: the group id's own dead-letter topic

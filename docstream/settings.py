@@ -132,9 +132,9 @@ class AnalyticsSettings(BaseModel):
 
 
 class ScalingSettings(BaseModel):
-    """The scaling policy of every consumer group (consumers/scaling.py, docs/scaling.md).
+    """The scaling policy of every consumer group (consumers/ops/scaling.py, docs/scaling.md).
 
-    `docstream lag` and the exporter turn it into a `ScalingConfig` (`consumers.lag.scaling_config`).
+    `docstream lag` and the exporter turn it into a `ScalingConfig` (`consumers.ops.lag.scaling_config`).
     """
 
     model_config = ConfigDict(frozen=True)

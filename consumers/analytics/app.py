@@ -84,7 +84,7 @@ from consumers.analytics.windows import (
     completion_from_record,
     upload_from_record,
 )
-from consumers.lag import offset_lag
+from consumers.ops.lag import offset_lag
 from consumers.runtime import headers as hdr
 from docstream.errors import DocstreamError
 from docstream.topology import (

@@ -22,11 +22,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from consumers.dlq import entries as dl
-from consumers.dlq.reader import DeadLetters, load
-from consumers.dlq.reader import Progress as ProgressCallback
-from consumers.dlq.redrive import REDRIVE, Move, first_redrives, plan
-from consumers.dlq.redrive import redrive as produce_redrives
+from consumers.ops.dlq import entries as dl
+from consumers.ops.dlq.reader import DeadLetters, load
+from consumers.ops.dlq.reader import Progress as ProgressCallback
+from consumers.ops.dlq.redrive import REDRIVE, Move, first_redrives, plan
+from consumers.ops.dlq.redrive import redrive as produce_redrives
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import BrokerError
 from docstream.kafka_config import connection_config

@@ -21,8 +21,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from consumers.exporter import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT, serve_exporter
-from consumers.lag import GroupLag, HealthStatus, LagMonitor, LagSnapshot, PartitionLag
+from consumers.ops.exporter import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT, serve_exporter
+from consumers.ops.lag import GroupLag, HealthStatus, LagMonitor, LagSnapshot, PartitionLag
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import BrokerError, ConfigurationError
 from docstream.settings import Settings

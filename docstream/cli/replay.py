@@ -30,9 +30,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from consumers.replay import Plan, execute_in_place, now_ms, plan_in_place, resolve_group
-from consumers.replay.plan import format_ms, parse_partitions, parse_position, target_from_options
-from consumers.replay.side import SidePlan, SideReport, plan_side, run_side
+from consumers.ops.replay import Plan, execute_in_place, now_ms, plan_in_place, resolve_group
+from consumers.ops.replay.plan import format_ms, parse_partitions, parse_position, target_from_options
+from consumers.ops.replay.side import SidePlan, SideReport, plan_side, run_side
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 

@@ -34,19 +34,19 @@ from rich.table import Table
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.analytics.sketch import LatencySketch
 from consumers.analytics.windows import STAGES
-from consumers.autoscaler import (
+from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
+from consumers.ops.autoscaler import (
     Autoscaler,
     ProcessLauncher,
     ScaledGroup,
     settings_environment,
     worker_command,
 )
-from consumers.exporter import serve_exporter
-from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
-from consumers.lag import LagMonitor, offset_lag, scaling_config
+from consumers.ops.exporter import serve_exporter
+from consumers.ops.lag import LagMonitor, offset_lag, scaling_config
+from consumers.ops.scaling import ScalingConfig
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.scaling import ScalingConfig
 from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.search import search
 from consumers.warehouse.sink import SinkTopics
@@ -171,7 +171,7 @@ def _up_autoscaled(
     ]
     sink, sink_worker = build_sink(s, warehouse)
     handler = _ConsoleLog()
-    autoscaler_log = logging.getLogger("consumers.autoscaler")
+    autoscaler_log = logging.getLogger("consumers.ops.autoscaler")
     autoscaler_log.addHandler(handler)
     level = autoscaler_log.level
     autoscaler_log.setLevel(logging.INFO)

@@ -33,8 +33,8 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from consumers.lag import GroupTarget, LagMonitor
-from consumers.scaling import ScalingConfig
+from consumers.ops.lag import GroupTarget, LagMonitor
+from consumers.ops.scaling import ScalingConfig
 
 GROUPS = 10
 PARTITIONS = 64

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from consumers.autoscaler import Autoscaler, GroupStatus, ProcessLauncher, ScaledGroup
-from consumers.lag import GroupLag, GroupTarget, LagMonitor, LagSnapshot
-from consumers.scaling import ScalingConfig
+from consumers.ops.autoscaler import Autoscaler, GroupStatus, ProcessLauncher, ScaledGroup
+from consumers.ops.lag import GroupLag, GroupTarget, LagMonitor, LagSnapshot
+from consumers.ops.scaling import ScalingConfig
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic

@@ -19,9 +19,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_helpers import read_messages
 from typer.testing import CliRunner, Result
 
-from consumers.dlq import entries as dl
-from consumers.dlq.reader import load
-from consumers.dlq.redrive import plan, redrive
+from consumers.ops.dlq import entries as dl
+from consumers.ops.dlq.reader import load
+from consumers.ops.dlq.redrive import plan, redrive
 from consumers.runtime import Context, RunStats, Worker
 from consumers.runtime import headers as hdr
 from docstream.cli import app

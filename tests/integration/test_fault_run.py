@@ -40,7 +40,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka_helpers import private_broker, read_messages
 
-from consumers.lag import offset_lag
+from consumers.ops.lag import offset_lag
 from consumers.runtime import headers as hdr
 from consumers.warehouse.query_server import open_for_queries
 from consumers.warehouse.sink import SinkTopics

@@ -22,10 +22,10 @@ from kafka_helpers import create_topics
 from typer.testing import CliRunner
 
 from consumers.groups import build_sink, build_worker
-from consumers.replay import execute_in_place, plan_in_place, resolve_group
-from consumers.replay.offsets import GroupActiveError, Offsets
-from consumers.replay.plan import Target
-from consumers.replay.side import plan_side, run_side
+from consumers.ops.replay import execute_in_place, plan_in_place, resolve_group
+from consumers.ops.replay.offsets import GroupActiveError, Offsets
+from consumers.ops.replay.plan import Target
+from consumers.ops.replay.side import plan_side, run_side
 from consumers.runtime import Worker
 from docstream.blobstore import BlobStore
 from docstream.cli import app

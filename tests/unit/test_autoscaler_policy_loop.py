@@ -1,6 +1,6 @@
 """The local autoscaler's logic with a fake sampler, fake processes and a fake clock.
 
-`consumers.autoscaler.Autoscaler` reaps, decides and reconciles; here the lag snapshots are
+`consumers.ops.autoscaler.Autoscaler` reaps, decides and reconciles; here the lag snapshots are
 built by hand, the launcher returns `FakeChild`ren that exit when the test says so, and time
 only moves when the test moves it. The real processes on a real broker are in
 tests/integration/test_autoscaler.py.
@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 from pydantic import SecretStr
 
-from consumers.autoscaler import (
+from consumers.ops.autoscaler import (
     Autoscaler,
     ProcessLauncher,
     ScaledGroup,
@@ -30,8 +30,8 @@ from consumers.autoscaler import (
     settings_environment,
     worker_command,
 )
-from consumers.lag import GroupLag, HealthStatus, LagSnapshot, PartitionLag
-from consumers.scaling import Rule, ScalingConfig
+from consumers.ops.lag import GroupLag, HealthStatus, LagSnapshot, PartitionLag
+from consumers.ops.scaling import Rule, ScalingConfig
 from docstream.errors import KafkaError
 from docstream.settings import OcrSettings, RuntimeSettings, ScalingSettings, Settings
 
@@ -322,7 +322,7 @@ def test_a_crash_is_logged_counted_and_restarted_with_backoff(
     victim, survivor = launcher.children["ocr"]
     victim.code = 137  # killed from outside
     clock.now += 1
-    with caplog.at_level(logging.INFO, logger="consumers.autoscaler"):
+    with caplog.at_level(logging.INFO, logger="consumers.ops.autoscaler"):
         scaler.tick()
     status = scaler.status()
     assert status["ocr"].crashes == 1
@@ -336,7 +336,7 @@ def test_a_crash_is_logged_counted_and_restarted_with_backoff(
     launcher.children["ocr"][2].code = 1
     clock.now += 0.5
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="consumers.autoscaler"):
+    with caplog.at_level(logging.WARNING, logger="consumers.ops.autoscaler"):
         scaler.tick()
     assert "crash 2, restarting in 2 s" in caplog.text
     clock.now += 1
@@ -370,7 +370,7 @@ def test_each_decision_is_logged_with_its_inputs_and_reason(
     decisions = tmp_path / "logs" / "autoscaler.jsonl"
     scaler = autoscaler(rig, decision_log=decisions)
     sampler.set("docstream.ocr", lag=400, time_lag=20.0, arrival=50.0, completion=10.0, members=1)
-    with caplog.at_level(logging.DEBUG, logger="consumers.autoscaler"):
+    with caplog.at_level(logging.DEBUG, logger="consumers.ops.autoscaler"):
         for _ in range(3):
             scaler.tick()
             clock.now += 1
@@ -415,7 +415,7 @@ def test_a_failing_sampler_holds_the_counts_and_still_restarts(
     assert scaler.status()["ocr"].live == 4
     sampler.failing = True
     launcher.children["ocr"][0].code = 1
-    with caplog.at_level(logging.WARNING, logger="consumers.autoscaler"):
+    with caplog.at_level(logging.WARNING, logger="consumers.ops.autoscaler"):
         scaler.tick()
         clock.now += 1
         scaler.tick()

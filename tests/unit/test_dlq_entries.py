@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from consumers.dlq import entries as dl
-from consumers.dlq.reader import DeadLetters, PartitionSpan
-from consumers.dlq.redrive import REDRIVE, SKIP, first_redrives, plan
+from consumers.ops.dlq import entries as dl
+from consumers.ops.dlq.reader import DeadLetters, PartitionSpan
+from consumers.ops.dlq.redrive import REDRIVE, SKIP, first_redrives, plan
 from consumers.runtime import headers as hdr
 from consumers.runtime.lanes import Segment
 from consumers.runtime.message import Event

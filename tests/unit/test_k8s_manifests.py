@@ -20,8 +20,8 @@ import yaml
 from mode import Service
 from pydantic import AliasChoices, BaseModel
 
-from consumers.exporter import METRIC_NAMES
 from consumers.groups import WORKER_GROUPS
+from consumers.ops.exporter import METRIC_NAMES
 from docstream.settings import RuntimeSettings, ScalingSettings, Settings
 from docstream.topology import GROUPS, group_id
 

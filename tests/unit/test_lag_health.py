@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import pytest
 
-from consumers import health
-from consumers.lag import (
+from consumers.ops import health
+from consumers.ops.lag import (
     Commit,
     CommitWindow,
     HealthStatus,

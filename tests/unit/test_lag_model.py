@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from consumers.lag import (
+from consumers.ops.lag import (
     GroupTarget,
     _backlog_s,
     _PartitionState,
@@ -17,7 +17,7 @@ from consumers.lag import (
     resolve_targets,
     scaling_config,
 )
-from consumers.scaling import ScalingConfig
+from consumers.ops.scaling import ScalingConfig
 from docstream.cli import app
 from docstream.settings import ScalingSettings, Settings
 from docstream.topology import DOC_UPLOADED, GROUPS

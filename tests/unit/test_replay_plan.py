@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from consumers.replay.plan import (
+from consumers.ops.replay.plan import (
     PartitionState,
     Target,
     make_plan,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from consumers.scaling import (
+from consumers.ops.scaling import (
     Observation,
     PolicyState,
     Rule,
@@ -22,7 +22,7 @@ from consumers.scaling import (
     keda_stall_replicas,
     replica_bounds,
 )
-from consumers.scaling import _ceil as ceil_forgiving
+from consumers.ops.scaling import _ceil as ceil_forgiving
 
 S = 1000  # ms
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.scaling import (
+from consumers.ops.scaling import (
     Observation,
     PolicyState,
     ScalingConfig,

@@ -22,7 +22,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from consumers.replay.plan import TP, PartitionState, PlanRow
+from consumers.ops.replay.plan import TP, PartitionState, PlanRow
 from docstream.errors import ConfigurationError
 from docstream.errors import KafkaError as DocstreamKafkaError
 

@@ -3,7 +3,7 @@
 A redrive produces, for each chosen dead-letter record, a record on the group's retry topic:
 same key and value, on the partition with the original partition's number (where the runtime's
 own retries go, so the worker that owns the key reads it), headers from
-`consumers.dlq.entries.redrive_headers` (attempt 1, due now, the history one step longer). The
+`consumers.ops.dlq.entries.redrive_headers` (attempt 1, due now, the history one step longer). The
 group's workers pick it up like any retry that came due; nothing in the runtime is specific to
 redrives. A record that some redrive history already cites is skipped unless `again` is asked.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from consumers.dlq.entries import DeadLetter, redrive_headers, show_bytes
-from consumers.dlq.reader import DeadLetters
+from consumers.ops.dlq.entries import DeadLetter, redrive_headers, show_bytes
+from consumers.ops.dlq.reader import DeadLetters
 from docstream import kafka_config
 from docstream.errors import ConfigurationError, DeliveryError, KafkaError
 

@@ -5,12 +5,12 @@ the oldest of them was written, and whether the group is healthy.
 - `TimeLagEstimator`: the time lag of a committed offset from (end offset, time) samples of the
   partition, for when the log cannot be read (kafka-lag-exporter's lookup table).
 - Health with Burrow's rules: `evaluate_partition`, `evaluate_group`, `CommitWindow` and the
-  rest of `consumers.health`, re-exported here. docs/health.md explains both.
+  rest of `consumers.ops.health`, re-exported here. docs/health.md explains both.
 - `LagMonitor`: the lag model of groups on a cluster, per group, topic and partition: committed
   and end offsets, offset lag, time lag (read from the log, else estimated), arrival and
   completion rates over one window, backlog seconds, members, Burrow's status and the scaling
   policy's desired replicas (`GroupLag`, `PartitionLag`). docs/operations.md explains the model,
-  `docstream lag` prints it, `consumers.exporter` serves it to Prometheus.
+  `docstream lag` prints it, `consumers.ops.exporter` serves it to Prometheus.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from confluent_kafka import (
 from confluent_kafka import KafkaError as KafkaErrorCode
 from confluent_kafka.admin import AdminClient
 
-from consumers.health import (
+from consumers.ops.health import (
     DEFAULT_INTERVALS,
     Commit,
     CommitWindow,
@@ -51,7 +51,7 @@ from consumers.health import (
     group_health,
     partition_health,
 )
-from consumers.scaling import Decision, Observation, ScalingConfig, ScalingPolicy, hpa_signal
+from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy, hpa_signal
 from docstream.errors import DocstreamError, KafkaError
 from docstream.kafka_config import connection_config
 from docstream.topology import GROUPS, group_id
@@ -339,7 +339,7 @@ class GroupLag:
     has lag, None while the rates are unknown. status: Burrow's group status (OK, WARN, ERR), or
     NOTFOUND for a group the cluster does not know (no members, no commits). decision: the scaling
     policy's (None until the rates are known), hpa_signal the metric value for an HPA with an
-    AverageValue target of 1 (`consumers.scaling.hpa_signal`).
+    AverageValue target of 1 (`consumers.ops.scaling.hpa_signal`).
     """
 
     group: str

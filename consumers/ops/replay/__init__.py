@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from consumers.replay.offsets import GroupState, Offsets
-from consumers.replay.plan import TP, PlanRow, Target, make_plan, total
-from consumers.replay.predict import Prediction, predict, read_ranges
+from consumers.ops.replay.offsets import GroupState, Offsets
+from consumers.ops.replay.plan import TP, PlanRow, Target, make_plan, total
+from consumers.ops.replay.predict import Prediction, predict, read_ranges
 from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
@@ -70,7 +70,7 @@ class Plan:
 
 def resolve_group(name: str, settings: Settings, topics: Sequence[str] | None = None) -> GroupRef:
     """`ocr` or `docstream.ocr` -> the declared group; any other id needs --topic."""
-    from consumers.lag import declared_targets
+    from consumers.ops.lag import declared_targets
 
     prefix = settings.group_prefix
     declared = {t.group: t for t in declared_targets(prefix)}

@@ -118,7 +118,7 @@ class ScalingConfig:
 
 @dataclass(frozen=True)
 class Observation:
-    """One evaluation's inputs, measured by the caller (consumers.lag and the workers' metrics)."""
+    """One evaluation's inputs, measured by the caller (consumers.ops.lag and the workers' metrics)."""
 
     now_ms: int
     current_replicas: int  # members that consume (ready replicas)

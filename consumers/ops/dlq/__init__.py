@@ -8,9 +8,9 @@ redrive.py   re-publishing dead letters to the group's retry topic
 explains the headers and the history.
 """
 
-from consumers.dlq.entries import DeadLetter, Filters, Payload, RedriveStep, Ref, decode_payload
-from consumers.dlq.reader import DeadLetters, load
-from consumers.dlq.redrive import Move, plan, redrive
+from consumers.ops.dlq.entries import DeadLetter, Filters, Payload, RedriveStep, Ref, decode_payload
+from consumers.ops.dlq.reader import DeadLetters, load
+from consumers.ops.dlq.redrive import Move, plan, redrive
 
 __all__ = [
     "DeadLetter",

@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message
 
-from consumers.replay.plan import TP
+from consumers.ops.replay.plan import TP
 from docstream.blobstore import BlobStore
 from docstream.errors import DocstreamError
 from docstream.idempotency import idempotency_key

@@ -13,7 +13,7 @@ target, with the semantics of Kafka's `kafka-consumer-groups --reset-offsets`:
 
 Every target is clamped to [log start, log end]. A partition without a committed offset starts
 where the group would: at the log start (auto.offset.reset=earliest). Datetime lookups need
-the broker: `consumers.replay.offsets` resolves them and hands this module the offsets.
+the broker: `consumers.ops.replay.offsets` resolves them and hands this module the offsets.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class PlanRow:
     reprocess: int  # events read again: current -> target going back
     skip: int  # events never read: target past current
     note: str = ""
-    recompute: int | None = None  # predicted by consumers.replay.predict (stage groups)
+    recompute: int | None = None  # predicted by consumers.ops.replay.predict (stage groups)
     unchanged: int | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ member that joins takes partitions from the others and one that leaves hands its
 while the other members keep consuming theirs.
 
 Each decision is one line with its inputs and the policy's reason: INFO on the logger
-`consumers.autoscaler` when it differs from the group's previous decision (desired count or
+`consumers.ops.autoscaler` when it differs from the group's previous decision (desired count or
 rule), DEBUG when it repeats it; and every decision, as one JSON object per line, in
 `decision_log` when one is given (`<home>/logs/autoscaler.jsonl` under `docstream up`).
 docs/operations.md ("Local autoscaler") has the details.
@@ -45,8 +45,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel, SecretStr
 
 from consumers.analytics.process import child_environment
-from consumers.lag import GroupLag, LagSnapshot
-from consumers.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
+from consumers.ops.lag import GroupLag, LagSnapshot
+from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
 from docstream.errors import DocstreamError
 from docstream.settings import Settings
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers.dlq.entries import DeadLetter, Ref, redriven_sources
+from consumers.ops.dlq.entries import DeadLetter, Ref, redriven_sources
 from consumers.runtime import headers as hdr
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.ranges import read_ranges, reader_config

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from consumers.replay import STAGE_GROUPS, GroupRef, predict_ranges
-from consumers.replay.offsets import Offsets
-from consumers.replay.plan import TP, PartitionState, Target, format_ms, resolve, total
+from consumers.ops.replay import STAGE_GROUPS, GroupRef, predict_ranges
+from consumers.ops.replay.offsets import Offsets
+from consumers.ops.replay.plan import TP, PartitionState, Target, format_ms, resolve, total
 from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
