@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
-from consumers.ocr.pages import inspect_document
+from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
 from docstream.blobstore import BlobStore
 from docstream.idempotency import completion_key, idempotency_key

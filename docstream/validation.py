@@ -18,7 +18,7 @@ result, a row or a rollup:
 
 What a field points at (a blob URI, a result URI) is checked where it is read, against the blob
 store's root (`docstream.blobstore`); a document's pages and pixels where it is opened
-(`consumers.ocr.pages.inspect_document`). All failures raise `InvalidEventError`, a
+(`consumers.pages.inspect_document`). All failures raise `InvalidEventError`, a
 `PermanentError`: retrying cannot make a bad field good.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import EmbeddingModel
-from consumers.ocr.pages import inspect_document
+from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
 from consumers.stage import Effects, Outcomes
 from docstream.blobstore import BlobStore

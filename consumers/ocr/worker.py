@@ -7,7 +7,7 @@ so the pages of the documents that the lanes handle at the same time go through 
 shared batches; given an `OcrEngine` itself, the stage reads each document as a batch of its own.
 Plain-text documents are one page of their own text. The result object lists each page's text,
 source, confidence and line boxes; the `doc.ocr.done` event carries the counts. Broken files, page
-bombs and oversized pages raise PermanentError in `consumers.ocr.pages` and end in the
+bombs and oversized pages raise PermanentError in `consumers.pages` and end in the
 dead-letter topic with the reason; so does a page image OCR cannot read ("page N ...").
 """
 
@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from consumers.ocr.pages import Page, plain_text, render_pages
+from consumers.pages import Page, plain_text, render_pages
 from docstream.settings import OcrSettings
 from docstream.topology import OCR_DONE
 

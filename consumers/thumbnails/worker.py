@@ -13,7 +13,7 @@ from typing import Any
 
 from PIL import Image
 
-from consumers.ocr.pages import render_preview
+from consumers.pages import render_preview
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings
 from docstream.topology import THUMBNAILED

@@ -20,7 +20,7 @@ from typing import Any
 
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import ImageArray, OcrEngine
-from consumers.ocr.pages import render_pages
+from consumers.pages import render_pages
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Handler
 from consumers.stage import stage_handler, upload_decoder

@@ -20,7 +20,7 @@ import requests
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import CPU, ImageArray, OcrEngine, PageText
 from consumers.ocr.metrics import cer
-from consumers.ocr.pages import render_pages
+from consumers.pages import render_pages
 from docstream.errors import ConfigurationError, DocstreamError, PermanentError, TransientError
 from producers.documents import SAMPLE_TEXTS, scanned_pdf
 

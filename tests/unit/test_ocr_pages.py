@@ -1,4 +1,4 @@
-"""consumers.ocr.pages: text layers, rendered pages, limits, and unreadable input as PermanentError."""
+"""consumers.pages: text layers, rendered pages, limits, and unreadable input as PermanentError."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.ocr.pages import PDF, Page, render_pages
+from consumers.pages import PDF, Page, render_pages
 from docstream.errors import PermanentError
 from producers.documents import SAMPLE_TEXTS, broken_pdf, page_image, pdf_bomb_like, scanned_pdf, text_pdf
 
