@@ -1,31 +1,34 @@
-"""The worker groups, assembled from the settings: which topics, which handler, which models.
+"""The worker groups, assembled from the settings and the registry (docstream.topology.STAGES).
 
-`build_worker("ocr" | "embeddings" | "thumbnails", settings)` gives a ready `Worker`; the
-`docstream worker NAME` command runs one per process, `docstream demo` runs them side by side.
-Models load here, once per process, not per event.
+`build_worker(name, settings)` gives a ready `Worker` for any declared stage: its module's
+`build_stage` (models load there, once per process, not per event), the one stage handler and
+decoder of consumers.stage, and the topics the stage declares. `docstream worker NAME` runs one
+per process, `docstream demo` runs them side by side. `build_sink` does the same for the
+warehouse sink.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from consumers.runtime import Worker
-from consumers.stage import Outcomes
+from consumers.stage import Outcomes, Stage, stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
-from docstream.errors import ConfigurationError
 from docstream.kafka_config import connection_config
 from docstream.settings import Settings
-from docstream.topology import DOC_UPLOADED, OCR_DONE, group_id
+from docstream.topology import STAGE_NAMES, StageSpec, group_id, stage
 from docstream.validation import Limits
-from schemas.codec import Codec, make_codec
+from schemas.codec import make_codec
 
 if TYPE_CHECKING:
     from consumers.warehouse.sink import WarehouseSink
     from consumers.warehouse.store import Warehouse
+    from schemas.catalog import Catalog
 
-WORKER_GROUPS = ("ocr", "embeddings", "thumbnails")
+WORKER_GROUPS = STAGE_NAMES
 
 
 @dataclass
@@ -37,38 +40,46 @@ class WorkerOptions:
     emit_reused: bool = True  # emit completion events for results that existed
     outcomes: Outcomes = field(default_factory=Outcomes)  # computed / reused / ignored, counted
     wrap_calls: Callable[[Any], Any] | None = None  # wraps the handler and the decoder (replay bounds)
+    schema_catalog: Catalog | None = None  # None: the shipped schemas
 
 
-def build_worker(name: str, settings: Settings, options: WorkerOptions | None = None) -> Worker:
-    """The worker of group `name`, wired from `settings`."""
-    builders: dict[str, Callable[[Settings, BlobStore, Codec, WorkerOptions], Worker]] = {
-        "ocr": _ocr,
-        "embeddings": _embeddings,
-        "thumbnails": _thumbnails,
-    }
-    if name not in builders:
-        raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(WORKER_GROUPS)}")
+def build_worker(
+    name: str, settings: Settings, options: WorkerOptions | None = None, *, spec: StageSpec | None = None
+) -> Worker:
+    """The worker of the declared stage `name` (or of `spec`, a stage declared elsewhere), wired
+    from `settings`."""
+    spec = spec or stage(name)
+    options = options or WorkerOptions()
     _quiet_onnxruntime()
-    blobs, codec = BlobStore(settings.blob_root), make_codec(settings.schema_registry_url)
-    return builders[name](settings, blobs, codec, options or WorkerOptions())
+    blobs = BlobStore(settings.blob_root)
+    codec = make_codec(settings.schema_registry_url, schema_catalog=options.schema_catalog)
+    built: Stage = _module(spec).build_stage(settings, blobs)
+    limits = Limits.from_settings(settings)
+    handler = stage_handler(
+        built, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
+    )
+    decoder = stage_decoder(codec, limits, dict(spec.inputs))
+    wiring: dict[str, Any] = {"handler": handler, "decoder": decoder}
+    if options.wrap_calls is not None:
+        wiring = {part: options.wrap_calls(call) for part, call in wiring.items()}
+    return Worker(
+        group_id=options.group_id or group_id(spec.name, settings.group_prefix),
+        topics=list(spec.topics),
+        connection=connection_config(settings),
+        runtime=settings.runtime,
+        dead_letter_to=options.dead_letter_to,
+        **wiring,  # handler and decoder, typed above
+    )
 
 
 def stage_version(name: str, settings: Settings) -> str:
-    """The version a worker group's stage runs with `settings`, without loading its models."""
-    if name == "ocr":
-        from consumers.ocr.worker import ocr_version
+    """The version a declared stage runs with `settings`, without loading its models."""
+    version: str = _module(stage(name)).stage_version(settings)
+    return version
 
-        return ocr_version(settings.ocr)
-    if name == "embeddings":
-        from consumers.embeddings.model import model_version
-        from consumers.embeddings.worker import embeddings_version
 
-        return embeddings_version(model_version())
-    if name == "thumbnails":
-        from consumers.thumbnails.worker import thumbnail_version
-
-        return thumbnail_version(settings.thumbnails)
-    raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(WORKER_GROUPS)}")
+def _module(spec: StageSpec) -> Any:
+    return importlib.import_module(spec.module)
 
 
 def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
@@ -102,77 +113,3 @@ def _quiet_onnxruntime() -> None:
     import onnxruntime  # type: ignore[import-untyped]  # ships without py.typed
 
     onnxruntime.set_default_logger_severity(4)
-
-
-def _worker(
-    settings: Settings, name: str, topics: list[str], options: WorkerOptions, **wiring: Any
-) -> Worker:
-    if options.wrap_calls is not None:
-        wiring = {part: options.wrap_calls(call) for part, call in wiring.items() if call is not None}
-    return Worker(
-        group_id=options.group_id or group_id(name, settings.group_prefix),
-        topics=topics,
-        connection=connection_config(settings),
-        runtime=settings.runtime,
-        dead_letter_to=options.dead_letter_to,
-        **wiring,  # handler and decoder, typed at the call sites
-    )
-
-
-def _ocr(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
-    from consumers.ocr.batcher import PageBatcher
-    from consumers.ocr.engine import OcrEngine
-    from consumers.ocr.worker import OcrStage
-    from consumers.stage import stage_handler, upload_decoder
-
-    engine = OcrEngine(settings.ocr.providers, det_max_side=settings.ocr.det_max_side)
-    # One model thread for the process (a daemon, like the lanes): the lanes' pages share batches.
-    batcher = PageBatcher(
-        engine, batch_pages=settings.ocr.batch_pages, batch_wait_ms=settings.ocr.batch_wait_ms
-    )
-    stage = OcrStage(batcher, settings.ocr)
-    limits = Limits.from_settings(settings)
-    return _worker(
-        settings,
-        "ocr",
-        [DOC_UPLOADED],
-        options,
-        handler=stage_handler(
-            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
-        ),
-        decoder=upload_decoder(codec, limits),
-    )
-
-
-def _embeddings(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
-    from consumers.embeddings.model import EmbeddingModel
-    from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
-
-    stage = EmbeddingStage(EmbeddingModel(settings.ocr.providers))
-    handler = embeddings_handler(
-        stage,
-        blobs,
-        codec,
-        limits=Limits.from_settings(settings),
-        outcomes=options.outcomes,
-        emit_reused=options.emit_reused,
-    )
-    return _worker(settings, "embeddings", [DOC_UPLOADED, OCR_DONE], options, handler=handler)
-
-
-def _thumbnails(settings: Settings, blobs: BlobStore, codec: Codec, options: WorkerOptions) -> Worker:
-    from consumers.stage import stage_handler, upload_decoder
-    from consumers.thumbnails.worker import ThumbnailStage
-
-    stage = ThumbnailStage(blobs, settings.thumbnails)
-    limits = Limits.from_settings(settings)
-    return _worker(
-        settings,
-        "thumbnails",
-        [DOC_UPLOADED],
-        options,
-        handler=stage_handler(
-            stage, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
-        ),
-        decoder=upload_decoder(codec, limits),
-    )

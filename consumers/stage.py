@@ -1,13 +1,16 @@
 """A pipeline stage on the consumer runtime: one effect per (content, stage, version).
 
-Every worker group that turns a `doc.uploaded` event into a result follows the same steps,
-written once here, in this order:
+Every worker group that turns documents into results follows the same steps, written once here,
+in this order:
 
-    0. check the event (`upload_decoder`: docstream.validation), read the document through the
-       blob store, which refuses a URI outside it, and hash what was read: bytes that are not
-       the event's content_sha256 are dead-lettered before anything is computed or reused;
-       then the limits every stage applies (`inspect_document`: pages, pixels, text encoding);
-    1. derive the idempotency key from the content hash, the stage and its version;
+    0. decode and check the event by the topic it was first published to (`stage_decoder`:
+       docstream.validation); the stage's `prepare` then says what the event asks of it (`Work`),
+       or nothing. What it reads goes through `Inputs`: a document is read through the blob
+       store, which refuses a URI outside it, and hashed (bytes that are not the event's
+       content_sha256 are dead-lettered before anything is computed or reused), then checked
+       against the limits every stage applies (`inspect_document`: pages, pixels, text
+       encoding); another stage's result is read only from its own idempotency key's object;
+    1. derive the idempotency key from the content hash, the stage and the work's version;
     2. if a completion was already emitted for this upload under this version, emit the very
        same event again (a redelivery changes nothing downstream) and stop;
     3. if a result object exists under the key, reuse it (an unchanged replay or another
@@ -16,8 +19,10 @@ written once here, in this order:
     4. record the completion event for this upload (write-once, `completion_key`), then emit
        it (the runtime stores the offset only once it is acknowledged).
 
-A stage supplies only `compute` (content -> result object + completion fields) and
-`summarise` (stored result object -> completion fields).
+A stage supplies `prepare` (an input event -> the work it asks for, or None) and `summarise`
+(stored result object -> completion fields). A stage that reads uploads only derives from
+`UploadStage` and supplies `compute(upload, content)` instead of `prepare`. Which stages exist,
+what they read and what they emit is declared once, in `docstream.topology.STAGES`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -33,8 +39,56 @@ from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
 from docstream.blobstore import BlobStore
 from docstream.idempotency import completion_key, idempotency_key
-from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
+from docstream.topology import UPLOAD_EVENT
+from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
+
+Compute = Callable[[], tuple[bytes, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Input:
+    """A decoded, checked input event: its type (`doc.uploaded`, `doc.ocr.done`, ...), its fields,
+    and the offset it was first published at (a retry carries the original's)."""
+
+    event_type: str
+    record: dict[str, Any]
+    offset: int
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document read through `Inputs.document`: its checked bytes and each page's text layer."""
+
+    content: bytes
+    texts: list[str]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What an input asks of a stage: the effect under `version` for `document` (an upload, or a
+    completion naming its upload), computed by `compute` when no result exists yet."""
+
+    document: Mapping[str, Any]
+    version: str
+    upload_offset: int | None  # the doc.uploaded offset: the warehouse's current row is the latest's
+    compute: Compute
+
+
+class Inputs:
+    """What a stage may read while preparing its work, each read checked (step 0)."""
+
+    def __init__(self, blobs: BlobStore, limits: Limits = DEFAULT_LIMITS) -> None:
+        self._blobs, self._limits = blobs, limits
+
+    def document(self, upload: Mapping[str, Any]) -> Document:
+        """The upload's bytes (inside the store, hashed, sized) and its pages' text, within the limits."""
+        content = self._blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])
+        return Document(content, inspect_document(content, upload["content_type"], self._limits))
+
+    def result(self, stage: str, key: str, uri: str) -> bytes:
+        """Another stage's result object under `key`, only if `uri` names that very object."""
+        return self._blobs.get_result_at(stage, key, uri)
 
 
 class Output(Protocol):
@@ -49,12 +103,34 @@ class Output(Protocol):
 
 
 class Stage(Output, Protocol):
-    """What a stage knows: its output, version, and how to compute its result from an upload."""
+    """A stage: its output, its version, and the work each input event asks of it."""
 
     version: str  # model / handler version: part of the idempotency key
 
+    def prepare(self, event: Input, inputs: Inputs) -> Work | None:
+        """The work `event` asks for, or None when it needs no effect of this stage."""
+
+
+class UploadStage:
+    """The shape of a stage that reads `doc.uploaded` only: it supplies `compute(upload, content)`
+    (and `summarise`); every upload asks for the effect under the stage's version."""
+
+    name: str
+    result_topic: str
+    result_event: str
+    version: str
+
     def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
         """The result object (bytes to store) and the stage's own completion fields."""
+        raise NotImplementedError
+
+    def summarise(self, stored: bytes) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def prepare(self, event: Input, inputs: Inputs) -> Work | None:
+        upload = event.record
+        document = inputs.document(upload)
+        return Work(upload, self.version, event.offset, lambda: self.compute(upload, document.content))
 
 
 class Outcomes:
@@ -98,7 +174,7 @@ def stage_handler(
     emit_reused: bool = True,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Handler:
-    """The runtime handler of `stage`: reads `doc.uploaded` events decoded into `ctx.record`.
+    """The runtime handler of `stage`, over events decoded by `stage_decoder` into `ctx.record`.
 
     `emit_reused=False` (a side replay) emits no completion event for a result that existed
     before it started: the live group emitted it when it computed it. A result computed during
@@ -107,20 +183,22 @@ def stage_handler(
     before a crash).
     """
     effects = Effects(blobs, codec, clock, outcomes=outcomes, emit_reused=emit_reused)
+    inputs = Inputs(blobs, limits)
 
     def handle(message: Any, ctx: Context) -> None:
-        upload: dict[str, Any] = ctx.record
         started = clock()
-        content = blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])  # 0.
-        inspect_document(content, upload["content_type"], limits)
+        work = stage.prepare(ctx.record, inputs)  # 0.
+        if work is None:
+            effects.counts.add("ignored")
+            return
         effects.once(
             ctx,
             message.key(),
             stage,
-            stage.version,
-            upload,
-            upload_offset=ctx.origin[2],
-            compute=lambda: stage.compute(upload, content),
+            work.version,
+            work.document,
+            upload_offset=work.upload_offset,
+            compute=work.compute,
             started=started,
         )
 
@@ -246,15 +324,25 @@ def completion(
     }
 
 
-def upload_decoder(codec: Codec, limits: Limits = DEFAULT_LIMITS) -> Callable[[Any, Context], dict[str, Any]]:
-    """The runtime decoder for `doc.uploaded`: undecodable or invalid events (docstream.validation,
-    times checked against the event's first Kafka timestamp) go to the dead-letter topic."""
+def stage_decoder(
+    codec: Codec, limits: Limits = DEFAULT_LIMITS, event_types: Mapping[str, str] | None = None
+) -> Callable[[Any, Context], Input]:
+    """The runtime decoder of a stage: the event type is that of the topic the record was first
+    published to (`event_types`: topic -> event type; a topic not named there carries uploads);
+    undecodable or invalid events (docstream.validation, times checked against the record's first
+    Kafka timestamp) go to the dead-letter topic."""
+    types = dict(event_types or {})
 
-    def decode(message: Any, ctx: Context) -> dict[str, Any]:
+    def decode(message: Any, ctx: Context) -> Input:
+        topic, _, offset, produced_at = ctx.origin
+        event_type = types.get(topic, UPLOAD_EVENT)
         record: dict[str, Any] = codec.decode(
-            "doc.uploaded", message.value() or b"", topic=ctx.origin[0], coordinates=ctx.coordinates
+            event_type, message.value() or b"", topic=topic, coordinates=ctx.coordinates
         )
-        validate_upload(record, limits, produced_at_ms=ctx.origin[3])
-        return record
+        if event_type == UPLOAD_EVENT:
+            validate_upload(record, limits, produced_at_ms=produced_at)
+        else:
+            validate_completion(record, limits, produced_at_ms=produced_at)
+        return Input(event_type, record, offset)
 
     return decode

@@ -1,12 +1,19 @@
-"""The declared topology: which topics exist, which consumer groups read them.
+"""The declared topology, the one registry: which stages and groups exist, what they read and
+emit, and which topics that makes.
 
-Pure data, no Kafka. `infra.topics` turns it into real topics; the runtime and the tools use
-the names from here so that a name is written down once.
+Pure data, no Kafka. `infra.topics` turns it into real topics; the runtime, the stages, the
+analytics fold, the warehouse sink, the ops tools, the CLI and the Kubernetes manifests
+(tests/unit/test_k8s_manifests.py checks them against it) take every group, topic and event type
+from here, so that each is written down once. Adding a stage is one `StageSpec` in `STAGES` plus
+its module (a `build_stage` and a `stage_version`, see consumers.stage) and the schema of the
+event it emits (schemas/).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from docstream.errors import ConfigurationError
 
 DOC_UPLOADED = "doc.uploaded"
 OCR_DONE = "doc.ocr.done"
@@ -17,7 +24,64 @@ ROLLUPS = "analytics.rollups"
 # that a tick is folded, and committed, in the same partition's transaction as that partition's events.
 ANALYTICS_CLOCK = "analytics.clock"
 
-RESULT_TOPICS = (OCR_DONE, EMBEDDED, THUMBNAILED, ROLLUPS)
+UPLOAD_EVENT = "doc.uploaded"  # the event type on DOC_UPLOADED
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: a consumer group that turns documents into results.
+
+    name:          the group's short name and the `stage` field of its completion events
+    inputs:        (topic, event type) pairs it reads, doc.uploaded first
+    result_topic:  where its completion events go (each declared topic carries one event type)
+    result_event:  the event type of its completion events (schemas/<type with _>/vN.avsc)
+    module:        the module with its `build_stage(settings, blobs)` (models load there, once
+                   per process) and `stage_version(settings)` (without loading any model)
+    """
+
+    name: str
+    inputs: tuple[tuple[str, str], ...]
+    result_topic: str
+    result_event: str
+    module: str
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return tuple(topic for topic, _ in self.inputs)
+
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("ocr", ((DOC_UPLOADED, UPLOAD_EVENT),), OCR_DONE, "doc.ocr.done", "consumers.ocr.worker"),
+    StageSpec(
+        "embeddings",
+        ((DOC_UPLOADED, UPLOAD_EVENT), (OCR_DONE, "doc.ocr.done")),
+        EMBEDDED,
+        "doc.embedded",
+        "consumers.embeddings.worker",
+    ),
+    StageSpec(
+        "thumbnails",
+        ((DOC_UPLOADED, UPLOAD_EVENT),),
+        THUMBNAILED,
+        "doc.thumbnailed",
+        "consumers.thumbnails.worker",
+    ),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+ANALYTICS, WAREHOUSE = "analytics", "warehouse"
+
+RESULT_TOPICS = (*(s.result_topic for s in STAGES), ROLLUPS)
+# topic -> the event type it carries, for every declared event topic
+EVENT_TYPES: dict[str, str] = {DOC_UPLOADED: UPLOAD_EVENT, **{s.result_topic: s.result_event for s in STAGES}}
+
+
+def stage(name: str) -> StageSpec:
+    """The declared stage called `name`; a ConfigurationError naming the choices otherwise."""
+    for spec in STAGES:
+        if spec.name == name:
+            return spec
+    raise ConfigurationError(f"unknown worker group {name!r}: choose one of {', '.join(STAGE_NAMES)}")
+
 
 DAY_MS = 24 * 3600 * 1000
 WEEK_MS = 7 * DAY_MS
@@ -32,13 +96,13 @@ class GroupSpec:
 
 
 GROUPS: tuple[GroupSpec, ...] = (
-    GroupSpec("ocr", (DOC_UPLOADED,)),
-    GroupSpec("embeddings", (DOC_UPLOADED, OCR_DONE)),
-    GroupSpec("thumbnails", (DOC_UPLOADED,)),
-    GroupSpec("analytics", (DOC_UPLOADED, OCR_DONE, EMBEDDED, THUMBNAILED)),
-    # The sink also reads the dead-letter topics of the worker groups (consumers.warehouse.sink).
-    GroupSpec("warehouse", (DOC_UPLOADED, *RESULT_TOPICS)),
+    *(GroupSpec(s.name, s.topics) for s in STAGES),
+    GroupSpec(ANALYTICS, (DOC_UPLOADED, *(s.result_topic for s in STAGES))),
+    # The sink also reads the dead-letter topics of the groups it lists (consumers.warehouse.sink).
+    GroupSpec(WAREHOUSE, (DOC_UPLOADED, *RESULT_TOPICS)),
 )
+# The groups whose dead letters the warehouse keeps: every stage's, and what analytics cannot fold.
+DEAD_LETTERED_GROUPS: tuple[str, ...] = (*STAGE_NAMES, ANALYTICS)
 
 
 def group_id(name: str, prefix: str = "docstream.") -> str:

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from docstream.errors import InvalidEventError
+from docstream.topology import STAGE_NAMES
 
 if TYPE_CHECKING:
     from docstream.settings import Settings
@@ -40,7 +41,7 @@ PDF: Final = "application/pdf"
 IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/tiff"})
 TEXT_TYPES: Final = frozenset({"text/plain", "text/markdown", "text/csv"})
 SUPPORTED_CONTENT_TYPES: Final = frozenset({PDF, *IMAGE_TYPES, *TEXT_TYPES})
-STAGES: Final = ("ocr", "embeddings", "thumbnails")
+STAGES: Final = STAGE_NAMES  # the declared stages (docstream.topology)
 
 MAX_DOCUMENT_ID_CHARS: Final = 256
 MAX_URI_CHARS: Final = 4096

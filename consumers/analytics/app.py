@@ -90,10 +90,9 @@ from docstream.errors import DocstreamError
 from docstream.topology import (
     ANALYTICS_CLOCK,
     DOC_UPLOADED,
-    EMBEDDED,
-    OCR_DONE,
     ROLLUPS,
-    THUMBNAILED,
+    STAGES,
+    UPLOAD_EVENT,
     dead_letter_topic,
 )
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
@@ -102,17 +101,10 @@ from schemas.codec import Codec, make_codec
 
 logger = logging.getLogger(__name__)
 
-EVENT_TYPES = {
-    "uploaded": "doc.uploaded",
-    "ocr": "doc.ocr.done",
-    "embeddings": "doc.embedded",
-    "thumbnails": "doc.thumbnailed",
-}
-DECLARED_TOPICS = {
+EVENT_TYPES = {"uploaded": UPLOAD_EVENT, **{spec.name: spec.result_event for spec in STAGES}}  # role -> type
+DECLARED_TOPICS = {  # role -> the declared topic
     "uploaded": DOC_UPLOADED,
-    "ocr": OCR_DONE,
-    "embeddings": EMBEDDED,
-    "thumbnails": THUMBNAILED,
+    **{spec.name: spec.result_topic for spec in STAGES},
     "clock": ANALYTICS_CLOCK,
     "rollups": ROLLUPS,
 }

@@ -55,12 +55,13 @@ from datetime import datetime
 from typing import Any
 
 from consumers.analytics.sketch import DEFAULT_RELATIVE_ACCURACY, LatencySketch
+from docstream.topology import STAGE_NAMES
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 DEFAULT_WINDOW_SIZES_MS = (MINUTE_MS, HOUR_MS)
 DEFAULT_LATENESS_MS = HOUR_MS
-STAGES = ("ocr", "embeddings", "thumbnails")
+STAGES = STAGE_NAMES  # every declared stage has a latency sketch
 UPLOADED = "uploaded"
 UNKNOWN_CONTENT_TYPE = "unknown"
 

@@ -12,21 +12,18 @@ bumped OCR version is embedded again, under a new key.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.embeddings.chunking import chunk_page
-from consumers.embeddings.model import EmbeddingModel
-from consumers.pages import inspect_document
-from consumers.runtime import Context, Handler
-from consumers.stage import Effects, Outcomes
-from docstream.blobstore import BlobStore
+from consumers.stage import Input, Inputs, Work
 from docstream.errors import InvalidEventError
 from docstream.idempotency import idempotency_key
-from docstream.topology import DOC_UPLOADED, EMBEDDED, OCR_DONE
-from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
-from schemas.codec import Codec
+from docstream.settings import Settings
+from docstream.topology import EMBEDDED, UPLOAD_EVENT
+
+if TYPE_CHECKING:  # types only: the model module loads onnxruntime
+    from consumers.embeddings.model import EmbeddingModel
+    from docstream.blobstore import BlobStore
 
 Pages = list[tuple[int, str]]  # (page number, text)
 
@@ -40,7 +37,13 @@ def embeddings_version(model_version: str, max_words: int = MAX_WORDS, overlap: 
 
 
 class EmbeddingStage:
-    """Chunks and vectors of a document's pages (`consumers.stage.Stage`-like, two inputs)."""
+    """Chunks and vectors of a document's pages (`consumers.stage.Stage`, two inputs).
+
+    An upload is read and checked as every stage reads it (consumers.stage, step 0); a
+    doc.ocr.done must come from the ocr stage, and its result_uri must be the OCR result object of
+    its own idempotency key, which must be the key of its content and OCR version: an event cannot
+    make this stage read another document's text or anything outside the store.
+    """
 
     name = "embeddings"
     result_event = "doc.embedded"
@@ -56,6 +59,32 @@ class EmbeddingStage:
         self._model, self._max_words, self._overlap = model, max_words, overlap
         self.result_topic = result_topic
         self.version = embeddings_version(model.model_version, max_words, overlap)
+
+    def prepare(self, event: Input, inputs: Inputs) -> Work | None:
+        """Pages with text ask for the effect; an upload with pages that need OCR waits for its
+        doc.ocr.done, and a doc.ocr.done without OCR'd pages was embedded from its upload."""
+        record = event.record
+        if event.event_type == UPLOAD_EVENT:
+            texts = inputs.document(record).texts
+            if not all(text.strip() for text in texts):
+                return None  # some pages need OCR: wait for doc.ocr.done
+            pages: Pages = list(enumerate(texts, start=1))
+            return Work(record, self.version, event.offset, lambda: self.compute(pages))
+        if record["stage"] != "ocr":
+            raise InvalidEventError(f"a {record['stage']!r} completion where doc.ocr.done is read")
+        if record["pages_ocr"] == 0:
+            return None  # no OCR was needed: the upload was embedded already
+        key = idempotency_key(record["content_sha256"], "ocr", record["model_version"])
+        if record["idempotency_key"] != key:
+            raise InvalidEventError(
+                f"doc.ocr.done idempotency_key {record['idempotency_key']} is not the key of its content"
+                f" and OCR version ({key})"
+            )
+        stored = json.loads(inputs.result("ocr", key, record["result_uri"]))
+        read: Pages = [(int(p["page"]), str(p["text"])) for p in stored["pages"]]
+        # Text read by OCR depends on the OCR version too: a re-read (bumped OCR) is embedded anew.
+        version = f"{self.version}+{record['model_version']}"
+        return Work(record, version, record.get("upload_offset"), lambda: self.compute(read))
 
     def compute(self, pages: Pages) -> tuple[bytes, dict[str, Any]]:
         chunks: list[dict[str, Any]] = [
@@ -83,71 +112,16 @@ class EmbeddingStage:
         return {"chunks": len(stored["chunks"]), "dimensions": stored["dimensions"], "model": stored["model"]}
 
 
-def embeddings_handler(
-    stage: EmbeddingStage,
-    blobs: BlobStore,
-    codec: Codec,
-    *,
-    uploads: str = DOC_UPLOADED,
-    ocr_done: str = OCR_DONE,
-    limits: Limits = DEFAULT_LIMITS,
-    clock: Callable[[], float] = time.time,
-    outcomes: Outcomes | None = None,
-    emit_reused: bool = True,
-) -> Handler:
-    """The runtime handler: decodes and checks by topic, finds the pages' text, embeds once per key.
+def stage_version(settings: Settings) -> str:
+    """The version the embeddings group runs (docstream.topology.StageSpec.module): the model's
+    name and file hash, read without loading the model."""
+    from consumers.embeddings.model import model_version
 
-    An upload is checked as every stage checks it (consumers.stage, step 0); a doc.ocr.done is
-    validated, and its result_uri must be the OCR result object of its own idempotency key, which
-    must be the key of its content and OCR version: an event cannot make this stage read another
-    document's text or anything outside the store. `outcomes` and `emit_reused` as for
-    `consumers.stage.stage_handler`.
-    """
-    effects = Effects(blobs, codec, clock, outcomes=outcomes, emit_reused=emit_reused)
+    return embeddings_version(model_version())
 
-    def ocr_pages(message: Any, ctx: Context) -> tuple[dict[str, Any], Pages | None]:
-        done = codec.decode("doc.ocr.done", message.value() or b"", topic=ocr_done)
-        validate_completion(done, limits, produced_at_ms=ctx.origin[3])
-        if done["stage"] != "ocr":
-            raise InvalidEventError(f"a {done['stage']!r} completion on {ocr_done}")
-        if done["pages_ocr"] == 0:
-            return done, None  # no OCR was needed: the upload was embedded already
-        key = idempotency_key(done["content_sha256"], "ocr", done["model_version"])
-        if done["idempotency_key"] != key:
-            raise InvalidEventError(
-                f"doc.ocr.done idempotency_key {done['idempotency_key']} is not the key of its content and"
-                f" OCR version ({key})"
-            )
-        stored = json.loads(blobs.get_result_at("ocr", key, done["result_uri"]))
-        return done, [(int(p["page"]), str(p["text"])) for p in stored["pages"]]
 
-    def upload_pages(message: Any, ctx: Context) -> tuple[dict[str, Any], Pages | None]:
-        upload = codec.decode("doc.uploaded", message.value() or b"", topic=uploads)
-        validate_upload(upload, limits, produced_at_ms=ctx.origin[3])
-        content = blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])
-        texts = inspect_document(content, upload["content_type"], limits)
-        if not all(text.strip() for text in texts):
-            return upload, None  # some pages need OCR: wait for doc.ocr.done
-        return upload, list(enumerate(texts, start=1))
+def build_stage(settings: Settings, blobs: BlobStore) -> EmbeddingStage:
+    """The embeddings stage of a worker process: the model loads here, once."""
+    from consumers.embeddings.model import EmbeddingModel
 
-    def handle(message: Any, ctx: Context) -> None:
-        started = clock()
-        from_ocr = ctx.origin[0] == ocr_done  # where it was published: a retry comes from the retry topic
-        document, pages = (ocr_pages if from_ocr else upload_pages)(message, ctx)
-        if pages is None:
-            effects.counts.add("ignored")
-            return
-        # Text read by OCR depends on the OCR version too: a re-read (bumped OCR) is embedded anew.
-        version = f"{stage.version}+{document['model_version']}" if from_ocr else stage.version
-        effects.once(
-            ctx,
-            message.key(),
-            stage,
-            version,
-            document,
-            upload_offset=document.get("upload_offset") if from_ocr else ctx.origin[2],
-            compute=lambda: stage.compute(pages),
-            started=started,
-        )
-
-    return handle
+    return EmbeddingStage(EmbeddingModel(settings.ocr.providers))

@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from consumers.pages import Page, plain_text, render_pages
-from docstream.settings import OcrSettings
+from consumers.stage import UploadStage
+from docstream.settings import OcrSettings, Settings
 from docstream.topology import OCR_DONE
 
 if TYPE_CHECKING:  # types only: importing the engine loads rapidocr and cv2
     from consumers.ocr.engine import ImageArray, PageText
+    from docstream.blobstore import BlobStore
 
 ENGINE = "rapidocr-3.10.0"
 
@@ -44,8 +46,8 @@ def ocr_version(settings: OcrSettings) -> str:
     return f"{ENGINE}:det{settings.det_max_side}:dpi{settings.dpi}:{mode}"
 
 
-class OcrStage:
-    """`consumers.stage.Stage` for OCR."""
+class OcrStage(UploadStage):
+    """The OCR stage (`consumers.stage.UploadStage`)."""
 
     name = "ocr"
     result_event = "doc.ocr.done"
@@ -111,3 +113,21 @@ class OcrStage:
             content_type=content_type,
             always_ocr=s.always_ocr,
         )
+
+
+def stage_version(settings: Settings) -> str:
+    """The version the OCR group runs with `settings` (docstream.topology.StageSpec.module)."""
+    return ocr_version(settings.ocr)
+
+
+def build_stage(settings: Settings, blobs: BlobStore) -> OcrStage:
+    """The OCR stage of a worker process: the engine, and one model thread whose batches the
+    lanes' pages share (a daemon, like the lanes)."""
+    from consumers.ocr.batcher import PageBatcher
+    from consumers.ocr.engine import OcrEngine
+
+    engine = OcrEngine(settings.ocr.providers, det_max_side=settings.ocr.det_max_side)
+    batcher = PageBatcher(
+        engine, batch_pages=settings.ocr.batch_pages, batch_wait_ms=settings.ocr.batch_wait_ms
+    )
+    return OcrStage(batcher, settings.ocr)

@@ -14,8 +14,9 @@ from typing import Any
 from PIL import Image
 
 from consumers.pages import render_preview
+from consumers.stage import UploadStage
 from docstream.blobstore import BlobStore
-from docstream.settings import ThumbnailSettings
+from docstream.settings import Settings, ThumbnailSettings
 from docstream.topology import THUMBNAILED
 from docstream.validation import IMAGE_TYPES, PDF
 
@@ -28,8 +29,8 @@ def thumbnail_version(settings: ThumbnailSettings) -> str:
     return f"{VERSION}:{sides}:q{settings.quality}:p{settings.pages}"
 
 
-class ThumbnailStage:
-    """`consumers.stage.Stage` for thumbnails."""
+class ThumbnailStage(UploadStage):
+    """The thumbnails stage (`consumers.stage.UploadStage`)."""
 
     name = "thumbnails"
     result_event = "doc.thumbnailed"
@@ -77,3 +78,13 @@ class ThumbnailStage:
             "height": image.height,
             "uri": stored.uri,
         }
+
+
+def stage_version(settings: Settings) -> str:
+    """The version the thumbnails group runs with `settings` (docstream.topology.StageSpec.module)."""
+    return thumbnail_version(settings.thumbnails)
+
+
+def build_stage(settings: Settings, blobs: BlobStore) -> ThumbnailStage:
+    """The thumbnails stage of a worker process."""
+    return ThumbnailStage(blobs, settings.thumbnails)

@@ -49,15 +49,7 @@ from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError, PermanentError
 from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings
-from docstream.topology import (
-    DOC_UPLOADED,
-    EMBEDDED,
-    OCR_DONE,
-    ROLLUPS,
-    THUMBNAILED,
-    dead_letter_topic,
-    group_id,
-)
+from docstream.topology import DEAD_LETTERED_GROUPS, EVENT_TYPES, ROLLUPS, STAGES, dead_letter_topic, group_id
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
 
@@ -142,9 +134,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     DEAD_LETTERS: DEAD_LETTER_COLUMNS,
     ROLLUPS_TABLE: ROLLUP_COLUMNS,
 }
-DEAD_LETTERED_GROUPS = ("ocr", "embeddings", "thumbnails", "analytics")  # analytics: what it cannot fold
 # The stage each completion event type is about (an event of one topic naming another stage is refused).
-EVENT_STAGES = {"doc.ocr.done": "ocr", "doc.embedded": "embeddings", "doc.thumbnailed": "thumbnails"}
+EVENT_STAGES = {spec.result_event: spec.name for spec in STAGES}  # completion event type -> stage
 MAX_PARTITION = 65_535  # rollups.source_partition and uploads.source_partition are UInt16
 MAX_WINDOW_MS = (2**32 - 1) * 1000  # rollups.window_size_s is UInt32
 MAX_UINT63 = 2**63 - 1  # the counts are UInt64 columns; an Avro long is at most this
@@ -350,12 +341,7 @@ class SinkTopics:
     @classmethod
     def declared(cls, group_prefix: str = "docstream.") -> SinkTopics:
         return cls(
-            {
-                DOC_UPLOADED: "doc.uploaded",
-                OCR_DONE: "doc.ocr.done",
-                EMBEDDED: "doc.embedded",
-                THUMBNAILED: "doc.thumbnailed",
-            },
+            EVENT_TYPES,
             frozenset(dead_letter_topic(group_id(g, group_prefix)) for g in DEAD_LETTERED_GROUPS),
             ROLLUPS,
         )

@@ -33,7 +33,6 @@ from rich.table import Table
 
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.analytics.sketch import LatencySketch
-from consumers.analytics.windows import STAGES
 from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
 from consumers.ops.autoscaler import (
     Autoscaler,
@@ -60,10 +59,9 @@ from docstream.kafka_connection import shown_on
 from docstream.settings import Settings
 from docstream.topology import (
     DOC_UPLOADED,
-    EMBEDDED,
     GROUPS,
-    OCR_DONE,
-    THUMBNAILED,
+    STAGE_NAMES,
+    STAGES,
     dead_letter_topic,
     declared_topics,
     group_id,
@@ -390,11 +388,11 @@ def _print_rollups(s: Settings, warehouse: Warehouse, started_ms: int) -> None:
     table = Table(title="analytics.rollups: closed 1-minute windows of this run (docstream.current_rollups)")
     for column in ("window", "tenant", "content type"):
         table.add_column(column)
-    for column in ("docs", "bytes", "pages", *STAGES, "partitions"):
+    for column in ("docs", "bytes", "pages", *STAGE_NAMES, "partitions"):
         table.add_column(column, justify="right")
     for (start, tenant, ctype), entry in windows.items():
         cells = []
-        for stage in STAGES:
+        for stage in STAGE_NAMES:
             sketch = entry["latency"].get(stage)
             count = sketch.count if sketch is not None else 0
             cells.append(f"{count} p95 {sketch.quantile(0.95):.0f} ms" if sketch and count else "")
@@ -460,17 +458,13 @@ class _RollupWait:
             ids = {doc.document_id for _, doc in self.published}
             codec = make_codec(self.s.schema_registry_url)
             self.expected = {"documents": len(ids)}
-            for stage, topic, event in (
-                ("ocr", OCR_DONE, "doc.ocr.done"),
-                ("embeddings", EMBEDDED, "doc.embedded"),
-                ("thumbnails", THUMBNAILED, "doc.thumbnailed"),
-            ):
+            for spec in STAGES:
                 keys = {  # a completion counts once per document and effect (a redelivery once)
                     (e["document_id"], e["idempotency_key"])
-                    for e in (codec.decode(event, v) for _, v in _read(self.s, topic))
+                    for e in (codec.decode(spec.result_event, v) for _, v in _read(self.s, spec.result_topic))
                     if e["document_id"] in ids
                 }
-                self.expected[f"{stage}_count"] = len(keys)
+                self.expected[f"{spec.name}_count"] = len(keys)
             now_ms = int(time.time() * 1000)
             self.closes_at_ms = now_ms - now_ms % 60_000 + 60_000 + self.s.analytics.grace_ms
         _, rows = self.warehouse.query(ROLLUP_TOTALS, {"since": self.started_ms - self.started_ms % 60_000})
@@ -561,25 +555,21 @@ def _print_summary(
     ids = {doc.document_id for _, doc in published}
     codec, blobs = make_codec(s.schema_registry_url), BlobStore(s.blob_root)
     results = {
-        topic: {
+        spec.name: {
             e["document_id"]: e
-            for e in (codec.decode(event, v) for _, v in _read(s, topic))
+            for e in (codec.decode(spec.result_event, v) for _, v in _read(s, spec.result_topic))
             if e["document_id"] in ids
         }
-        for topic, event in (
-            (OCR_DONE, "doc.ocr.done"),
-            (EMBEDDED, "doc.embedded"),
-            (THUMBNAILED, "doc.thumbnailed"),
-        )
+        for spec in STAGES
     }
     dead = {name: _dead_letters(s, group_id(name, s.group_prefix)) for name in WORKER_GROUPS}
     table = Table(title="sample documents through the ocr, embeddings and thumbnails groups")
     for column in ("document", "tenant", "at", "pages", "OCR / text excerpt", "chunks", "thumbnails"):
         table.add_column(column, overflow="fold")
     for name, doc in published:
-        ocr = results[OCR_DONE].get(doc.document_id)
-        embedded = results[EMBEDDED].get(doc.document_id)
-        thumbs = results[THUMBNAILED].get(doc.document_id)
+        ocr = results["ocr"].get(doc.document_id)
+        embedded = results["embeddings"].get(doc.document_id)
+        thumbs = results["thumbnails"].get(doc.document_id)
         reason = dead["ocr"].get(doc.document_id)
         table.add_row(
             name,

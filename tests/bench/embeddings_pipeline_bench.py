@@ -13,8 +13,9 @@ from typing import Any
 
 from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import EmbeddingModel
-from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
+from consumers.embeddings.worker import EmbeddingStage
 from consumers.runtime import Handler
+from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings
 from producers.documents import SAMPLE_TEXTS
@@ -44,7 +45,7 @@ def run(bootstrap: str, n: int) -> dict[str, Any]:
         return time.perf_counter() - started
 
     def handler(blobs: BlobStore, results: str) -> tuple[Handler, Any]:
-        return embeddings_handler(EmbeddingStage(model, result_topic=results), blobs, codec), None
+        return stage_handler(EmbeddingStage(model, result_topic=results), blobs, codec), stage_decoder(codec)
 
     documents = [(t.encode(), "text/plain") for t in texts]
     bare()

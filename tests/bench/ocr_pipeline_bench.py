@@ -20,10 +20,10 @@ from typing import Any
 
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import ImageArray, OcrEngine
-from consumers.pages import render_pages
 from consumers.ocr.worker import OcrStage
+from consumers.pages import render_pages
 from consumers.runtime import Handler
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings
 from producers.documents import SAMPLE_TEXTS, scanned_pdf
@@ -72,7 +72,7 @@ def run(bootstrap: str, n: int) -> dict[str, Any]:
 
             def handler(blobs: BlobStore, results: str) -> tuple[Handler, Any]:
                 stage = OcrStage(batcher, SETTINGS, results)
-                return stage_handler(stage, blobs, codec), upload_decoder(codec)
+                return stage_handler(stage, blobs, codec), stage_decoder(codec)
 
             seconds = timed_pipeline(bootstrap, documents, handler, RuntimeSettings(concurrency=CONCURRENCY))
         sizes.update(batcher.stats().sizes)

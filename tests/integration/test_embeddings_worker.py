@@ -14,11 +14,11 @@ from confluent_kafka import Producer
 from kafka_helpers import create_topics, read_messages
 
 from consumers.embeddings.model import EmbeddingModel
-from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
+from consumers.embeddings.worker import EmbeddingStage
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from docstream.settings import OcrSettings, RuntimeSettings
@@ -50,7 +50,7 @@ def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
             group_id=ocr_group,
             topics=[uploads],
             handler=stage_handler(ocr, blobs, codec),
-            decoder=upload_decoder(codec),
+            decoder=stage_decoder(codec),
             connection=connection,
             runtime=RuntimeSettings(concurrency=1),
         ),
@@ -59,12 +59,13 @@ def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
 
     model = EmbeddingModel(providers=("CPUExecutionProvider",))
     stage = EmbeddingStage(model, result_topic=embedded)
-    handler = embeddings_handler(stage, blobs, codec, uploads=uploads, ocr_done=ocr_done)
+    handler = stage_handler(stage, blobs, codec)
     _run(
         Worker(
             group_id=emb_group,
             topics=[uploads, ocr_done],
             handler=handler,
+            decoder=stage_decoder(codec, event_types={ocr_done: "doc.ocr.done"}),
             connection=connection,
             runtime=RuntimeSettings(concurrency=2),
         ),
@@ -143,7 +144,7 @@ def test_a_doc_ocr_done_back_from_the_retry_topic_is_read_as_one(
         blobs.put_result("ocr", key, json.dumps({"engine": "e", "pages": [page]}).encode())
 
     stage = EmbeddingStage(EmbeddingModel(providers=("CPUExecutionProvider",)), result_topic=embedded)
-    handler = embeddings_handler(stage, blobs, codec, uploads=uploads, ocr_done=ocr_done)
+    handler = stage_handler(stage, blobs, codec)
     attempts: list[str] = []
 
     def first_attempt_finds_no_result(message: Any, ctx: Any) -> None:
@@ -158,6 +159,7 @@ def test_a_doc_ocr_done_back_from_the_retry_topic_is_read_as_one(
         group_id=group,
         topics=[uploads, ocr_done],
         handler=first_attempt_finds_no_result,
+        decoder=stage_decoder(codec, event_types={ocr_done: "doc.ocr.done"}),
         connection={"bootstrap.servers": kafka_bootstrap},
         runtime=RuntimeSettings(concurrency=1),
     )

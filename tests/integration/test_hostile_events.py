@@ -25,12 +25,12 @@ from kafka_helpers import create_topics, read_messages
 from PIL import Image
 
 from consumers.embeddings.model import EmbeddingModel
-from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
+from consumers.embeddings.worker import EmbeddingStage
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings, ThumbnailSettings
@@ -233,7 +233,7 @@ def test_every_stage_dead_letters_hostile_uploads_with_their_reason_and_reads_no
         handler=stage_handler(
             OcrStage(ocr_engine, ocr_settings, result_topic=ocr_done), blobs, codec, limits=limits
         ),
-        decoder=upload_decoder(codec, limits),
+        decoder=stage_decoder(codec, limits),
     )
     thumbs = Worker(
         group_id=groups["thumbnails"],
@@ -243,21 +243,15 @@ def test_every_stage_dead_letters_hostile_uploads_with_their_reason_and_reads_no
         handler=stage_handler(
             ThumbnailStage(blobs, ThumbnailSettings(), result_topic=thumbnailed), blobs, codec, limits=limits
         ),
-        decoder=upload_decoder(codec, limits),
+        decoder=stage_decoder(codec, limits),
     )
     emb = Worker(
         group_id=groups["embeddings"],
         topics=[uploads, ocr_done],
         connection=connection,
         runtime=runtime,
-        handler=embeddings_handler(
-            EmbeddingStage(model, result_topic=embedded),
-            blobs,
-            codec,
-            uploads=uploads,
-            ocr_done=ocr_done,
-            limits=limits,
-        ),
+        handler=stage_handler(EmbeddingStage(model, result_topic=embedded), blobs, codec, limits=limits),
+        decoder=stage_decoder(codec, limits, {ocr_done: "doc.ocr.done"}),
     )
     for worker in (ocr, thumbs):
         stats = _run(worker, lambda s: s.handled + s.dead_lettered >= n)
@@ -322,7 +316,7 @@ def test_a_document_whose_hash_was_claimed_by_another_event_keeps_its_own_text(
         connection={"bootstrap.servers": kafka_bootstrap},
         runtime=RuntimeSettings(concurrency=1),
         handler=stage_handler(OcrStage(engines[0], settings, result_topic=ocr_done), blobs, codec),
-        decoder=upload_decoder(codec),
+        decoder=stage_decoder(codec),
     )
     stats = _run(worker, lambda s: s.handled + s.dead_lettered >= 2)
     assert (stats.handled, stats.dead_lettered) == (1, 1)

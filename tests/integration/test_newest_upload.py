@@ -17,11 +17,11 @@ from pathlib import Path
 from kafka_helpers import create_topics
 
 from consumers.embeddings.model import EmbeddingModel
-from consumers.embeddings.worker import EmbeddingStage, embeddings_handler
+from consumers.embeddings.worker import EmbeddingStage
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse
@@ -76,20 +76,21 @@ def test_a_document_s_current_result_in_every_stage_is_its_latest_upload(
             group_id=groups[0],
             topics=[uploads],
             handler=stage_handler(ocr, blobs, codec),
-            decoder=upload_decoder(codec),
+            decoder=stage_decoder(codec),
             connection=connection,
             runtime=runtime,
         ),
         2,
     )
     stage = EmbeddingStage(EmbeddingModel(providers=PROVIDERS), result_topic=embedded)
-    handler = embeddings_handler(stage, blobs, codec, uploads=uploads, ocr_done=ocr_done)
+    handler = stage_handler(stage, blobs, codec)
     # the text's upload is embedded at once, the scan after its doc.ocr.done: computed last
     run(
         Worker(
             group_id=groups[1],
             topics=[uploads, ocr_done],
             handler=handler,
+            decoder=stage_decoder(codec, event_types={ocr_done: "doc.ocr.done"}),
             connection=connection,
             runtime=runtime,
         ),
@@ -101,7 +102,7 @@ def test_a_document_s_current_result_in_every_stage_is_its_latest_upload(
             group_id=groups[2],
             topics=[uploads],
             handler=stage_handler(thumbs, blobs, codec),
-            decoder=upload_decoder(codec),
+            decoder=stage_decoder(codec),
             connection=connection,
             runtime=runtime,
         ),

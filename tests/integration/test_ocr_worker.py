@@ -16,7 +16,7 @@ from consumers.ocr.metrics import cer
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings
 from producers.documents import SAMPLE_TEXTS, broken_pdf, scanned_pdf, text_pdf
@@ -51,7 +51,7 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
             group_id=group,
             topics=[source],
             handler=stage_handler(OcrStage(batcher, settings, results), blobs, codec),
-            decoder=upload_decoder(codec),
+            decoder=stage_decoder(codec),
             connection=connection,
             runtime=RuntimeSettings(concurrency=2),
         )

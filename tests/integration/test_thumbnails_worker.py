@@ -9,7 +9,7 @@ from pathlib import Path
 from kafka_helpers import create_topics, read_messages
 
 from consumers.runtime import Worker
-from consumers.stage import stage_handler, upload_decoder
+from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings, ThumbnailSettings
@@ -44,7 +44,7 @@ def test_a_redelivered_upload_gets_the_same_thumbnails_and_one_result_object(
         group_id=group,
         topics=[source],
         handler=stage_handler(stage, blobs, codec),
-        decoder=upload_decoder(codec),
+        decoder=stage_decoder(codec),
         connection=connection,
         runtime=RuntimeSettings(concurrency=2),
     )

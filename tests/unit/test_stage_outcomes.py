@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consumers.stage import Outcomes, stage_handler
+from consumers.stage import Input, Outcomes, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings
@@ -22,7 +22,7 @@ class Message:
 
 class Ctx:
     def __init__(self, record: dict[str, Any]) -> None:
-        self.record = record
+        self.record = Input("doc.uploaded", record, 7)  # as consumers.stage.stage_decoder gives it
         self.emitted: list[tuple[str, bytes | None]] = []
         self.origin = ("doc.uploaded", 0, 7, record["uploaded_at"])
 
