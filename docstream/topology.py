@@ -105,6 +105,36 @@ GROUPS: tuple[GroupSpec, ...] = (
 DEAD_LETTERED_GROUPS: tuple[str, ...] = (*STAGE_NAMES, ANALYTICS)
 
 
+def group_inputs(spec: GroupSpec, prefix: str = "docstream.") -> tuple[str, ...]:
+    """Every topic a declared group reads: its inputs, and for the warehouse sink the dead-letter
+    topics of `DEAD_LETTERED_GROUPS` too (their names carry the group prefix)."""
+    if spec.name != WAREHOUSE:
+        return spec.inputs
+    return (*spec.inputs, *sorted(dead_letter_topic(group_id(g, prefix)) for g in DEAD_LETTERED_GROUPS))
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """A consumer group named on a command line: its id, its short name when it is a declared
+    group (None otherwise), and the topics it is declared to read (empty when not declared)."""
+
+    id: str
+    name: str | None
+    topics: tuple[str, ...]
+
+
+def resolve_group(name: str, prefix: str = "docstream.") -> GroupRef:
+    """A declared short name (`ocr`) or group id (`docstream.ocr`) -> that group with its topics;
+    any other name is taken as the id of a group docstream does not declare."""
+    name = name.strip()
+    if not name:
+        raise ConfigurationError("the group name is empty: give a short name (ocr) or a group id")
+    for spec in GROUPS:
+        if name in (spec.name, group_id(spec.name, prefix)):
+            return GroupRef(group_id(spec.name, prefix), spec.name, group_inputs(spec, prefix))
+    return GroupRef(name, None, ())
+
+
 def group_id(name: str, prefix: str = "docstream.") -> str:
     """The Kafka group id of a group short name (`ocr` -> `docstream.ocr`)."""
     return f"{prefix}{name}"

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from docstream import topology
+from docstream.errors import ConfigurationError
 from docstream.topology import (
     DOC_UPLOADED,
     GROUPS,
@@ -80,3 +82,46 @@ def test_names_are_derived_from_the_group_id(
     function: Callable[[str], str], argument: str, expected: str
 ) -> None:
     assert function(argument) == expected
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+
+def test_every_declared_stage_reads_and_emits_event_types_the_catalog_ships() -> None:
+    from schemas.catalog import catalog
+
+    shipped = set(catalog().event_types)
+    for spec in topology.STAGES:
+        assert spec.result_event in shipped, spec
+        assert {event for _, event in spec.inputs} <= shipped, spec
+        assert spec.inputs[0] == (topology.DOC_UPLOADED, topology.UPLOAD_EVENT), "uploads first"
+    assert topology.EVENT_TYPES[topology.OCR_DONE] == "doc.ocr.done"
+
+
+def test_every_declared_stage_module_builds_and_versions_its_stage() -> None:
+    import importlib
+
+    for spec in topology.STAGES:
+        module = importlib.import_module(spec.module)
+        assert callable(module.build_stage) and callable(module.stage_version), spec.module
+
+
+def test_groups_derive_from_the_stages() -> None:
+    names = [g.name for g in topology.GROUPS]
+    assert names == [*topology.STAGE_NAMES, "analytics", "warehouse"]
+    analytics = next(g for g in topology.GROUPS if g.name == "analytics")
+    assert analytics.inputs == (topology.DOC_UPLOADED, *(s.result_topic for s in topology.STAGES))
+    assert topology.stage("embeddings").topics == (topology.DOC_UPLOADED, topology.OCR_DONE)
+
+
+def test_a_group_is_resolved_once_by_short_name_or_id() -> None:
+    by_name, by_id = topology.resolve_group("ocr", "p."), topology.resolve_group(" p.ocr ", "p.")
+    assert by_name == by_id == topology.GroupRef("p.ocr", "ocr", (topology.DOC_UPLOADED,))
+    other = topology.resolve_group("someone.else", "p.")
+    assert other == topology.GroupRef("someone.else", None, ())
+    warehouse = topology.resolve_group("warehouse", "p.")
+    assert {"p.ocr.dlq", "p.analytics.dlq"} <= set(warehouse.topics) and topology.ROLLUPS in warehouse.topics
+    with pytest.raises(ConfigurationError, match="empty"):
+        topology.resolve_group("  ")
+    with pytest.raises(ConfigurationError, match="choose one of ocr, embeddings, thumbnails"):
+        topology.stage("pagecount")
