@@ -65,7 +65,7 @@ def stop(
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
-    """Whether the local broker runs, where, and for how long."""
+    """Whether the local broker runs, where, and for how long; exit 1 when it does not run."""
     s = settings()
     if not s.uses_local_broker:
         if as_json:
@@ -78,6 +78,8 @@ def status(
         print_json({"managed": True, **dataclasses.asdict(current)})
     else:
         _print_status(current)
+    if not current.running:  # scripts ask `docstream broker status && ...`
+        raise typer.Exit(1)
 
 
 @app.command()
