@@ -113,7 +113,10 @@ DEAD_LETTER_COLUMNS = (
     "attempts",
     "dead_lettered_at",
 )
-ROLLUP_STAGES = validation.STAGES
+# The stages with count / sum / p50 / p95 columns of their own in the rollups table (migrations 002
+# and 003). Every declared stage's latency sketch is kept in its `sketch` JSON column, so a stage
+# added later is in the rollups without a migration; give it columns by a migration and name it here.
+ROLLUP_COLUMN_STAGES = ("ocr", "embeddings", "thumbnails")
 ROLLUP_COLUMNS = (
     "window_size_s",
     "window_start",
@@ -123,7 +126,11 @@ ROLLUP_COLUMNS = (
     "documents",
     "bytes",
     "pages",
-    *(f"{stage}_{name}" for stage in ROLLUP_STAGES for name in ("count", "sum_ms", "p50_ms", "p95_ms")),
+    *(
+        f"{stage}_{name}"
+        for stage in ROLLUP_COLUMN_STAGES
+        for name in ("count", "sum_ms", "p50_ms", "p95_ms")
+    ),
     "sketch",
     "revision",
 )
@@ -245,17 +252,15 @@ def rollup_row(rollup: Any, limits: Limits = DEFAULT_LIMITS, *, produced_at_ms: 
     if not isinstance(rollup, Mapping):
         raise InvalidEventError(f"{what}: a JSON object expected, got {type(rollup).__name__}")
     latency = rollup.get("latency")
-    if not isinstance(latency, Mapping) or not set(latency) <= set(ROLLUP_STAGES):
-        raise InvalidEventError(f"{what}: latency must map some of {', '.join(ROLLUP_STAGES)} to their stats")
+    if not isinstance(latency, Mapping) or not set(latency) <= set(validation.STAGES):
+        raise InvalidEventError(
+            f"{what}: latency must map some of {', '.join(validation.STAGES)} to their stats"
+        )
+    stats = {stage: _stage_latency(latency[stage], f"{what}: latency.{stage}") for stage in sorted(latency)}
     per_stage: list[Any] = []
-    sketches: dict[str, Any] = {}
-    for stage in ROLLUP_STAGES:
-        if stage not in latency:
-            per_stage += [0, 0, None, None]
-            continue
-        count, total_ms, p50, p95 = _stage_latency(latency[stage], f"{what}: latency.{stage}")
-        per_stage += [count, total_ms, p50, p95]
-        sketches[stage] = latency[stage]["sketch"]
+    for stage in ROLLUP_COLUMN_STAGES:
+        per_stage += stats.get(stage, (0, 0, None, None))
+    sketches = {stage: latency[stage]["sketch"] for stage in stats}
     window_size_ms = _whole(rollup.get("window_size"), "window_size", what, MAX_WINDOW_MS)
     if window_size_ms < 1000:
         raise InvalidEventError(f"{what}: window_size {window_size_ms} ms is shorter than a second")

@@ -434,3 +434,20 @@ def test_a_rollup_with_a_negative_count_or_a_malformed_shape_is_refused(path: st
 def test_a_rollup_that_is_not_a_json_object_is_refused(record: object) -> None:
     with pytest.raises(InvalidEventError, match="JSON object"):
         rollup_row(record)
+
+
+def test_a_stage_without_columns_of_its_own_keeps_its_latency_in_the_sketch_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stage declared after the rollups table was made (no pagecount_* columns) is not refused:
+    its sketch goes into the `sketch` JSON, the per-stage columns stay those of the table."""
+    from docstream import validation
+
+    monkeypatch.setattr(validation, "STAGES", (*validation.STAGES, "pagecount"))
+    record = a_rollup()
+    record["latency"]["pagecount"] = record["latency"]["ocr"]
+    row = dict(zip(ROLLUP_COLUMNS, rollup_row(record, produced_at_ms=1_704_067_300_000), strict=True))
+    assert set(json.loads(row["sketch"])) == {"ocr", "pagecount"}
+    assert row["ocr_count"] == 1 and not any(c.startswith("pagecount") for c in ROLLUP_COLUMNS)
+    with pytest.raises(InvalidEventError, match="latency must map some of"):
+        rollup_row({**record, "latency": {"nostage": record["latency"]["ocr"]}})
