@@ -2,9 +2,11 @@
 
 In embedded mode (a `chdb://` warehouse URL, the default `<home>/warehouse`) chDB allows one
 process per data directory. The process that owns it while it runs (`warehouse sink`, `up`,
-`demo`) answers read-only queries for the others (consumers.warehouse.query_server): `sql`,
-`search` and `analytics` go through it when it runs and open chDB themselves when it does
-not. With a ClickHouse server (http(s):// URL) every command opens the server itself.
+`demo`) serves ClickHouse's HTTP interface on loopback for the others
+(consumers.warehouse.query_server): `sql`, `search` and `analytics` query it with
+clickhouse-connect's HTTP client when it runs and open chDB themselves when it does not. With a
+ClickHouse server (http(s):// URL) every command opens the server itself. Read-only queries run
+in the database `docstream`.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def search(
 @contextmanager
 def _queries() -> Iterator[Queries]:
     """The warehouse for read-only queries: through the process that owns chDB when one runs."""
-    from consumers.warehouse.query_server import OwnerQueries, open_for_queries
+    from consumers.warehouse.query_client import OwnerQueries, open_for_queries
 
     with open_for_queries(settings().warehouse_url) as queries:
         if isinstance(queries, OwnerQueries):
