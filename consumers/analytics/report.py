@@ -1,21 +1,34 @@
-"""The `docstream analytics` report: per tenant and hour, from the warehouse's rollups.
+"""The `docstream analytics` report: per tenant and hour (or minute), from the warehouse's rollups.
 
 Documents and pages are sums; latency p95 per stage comes from merging the windows' latency
 sketches (a p95 of p95s would be wrong); dead letters are counted per hour and group.
+
+The analytics worker writes a window's rollup once the window has closed (plus its grace for late
+events), so the hourly report has no row for the hour still running, while its 1-minute windows
+are already there: `window_summary` says which windows exist, for the command to tell.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from consumers.analytics.sketch import LatencySketch
 from consumers.analytics.windows import STAGES
 
-HOURLY_ROLLUPS = (
+HOUR_S, MINUTE_S = 3600, 60
+ROLLUPS = (
     "SELECT window_start, tenant, documents, pages, sketch FROM docstream.current_rollups "
-    "WHERE window_size_s = 3600 ORDER BY window_start, tenant"
+    "WHERE window_size_s = {size:UInt32} ORDER BY window_start, tenant"
+)
+HOURLY_ROLLUPS = ROLLUPS.replace("{size:UInt32}", str(HOUR_S))
+WINDOWS = (
+    "SELECT window_size_s, count() AS windows, min(window_start), max(window_start) FROM "
+    "(SELECT DISTINCT window_size_s, window_start FROM docstream.current_rollups) "
+    "GROUP BY window_size_s ORDER BY window_size_s"
 )
 HOURLY_DEAD_LETTERS = (
     "SELECT toStartOfHour(dead_lettered_at) AS hour, `group`, count() FROM docstream.dead_letters FINAL "
@@ -23,13 +36,49 @@ HOURLY_DEAD_LETTERS = (
 )
 
 
+@dataclass(frozen=True)
+class Windows:
+    """The closed windows of one size in the warehouse: how many, the first and last start."""
+
+    size_s: int
+    count: int
+    first: datetime
+    last: datetime
+
+
+def window_summary(rows: Iterable[Sequence[Any]]) -> dict[int, Windows]:
+    """Rows of `WINDOWS` by window size."""
+    return {int(size): Windows(int(size), int(n), first, last) for size, n, first, last in rows}
+
+
+def caption(size_s: int, shown: int, windows: dict[int, Windows]) -> str:
+    """What the report shows, for a reader who sees an empty or short table."""
+    unit = "hour" if size_s == HOUR_S else "minute"
+    text = f"{shown} {unit} rows: closed {unit}s only (a window's rollup is written once it has closed)"
+    if size_s == HOUR_S and MINUTE_S in windows:
+        minutes = windows[MINUTE_S]
+        text += (
+            f"; {minutes.count} closed 1-minute windows from {minutes.first:%Y-%m-%d %H:%M}"
+            f" to {minutes.last:%Y-%m-%d %H:%M} UTC: `docstream analytics --minutes` shows them"
+        )
+    elif not windows:
+        text += "; no rollups yet (the analytics worker writes them: `docstream up` or `demo`)"
+    return text
+
+
 def hourly(rollups: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
     """Rows of (window_start, tenant, documents, pages, sketch JSON) -> one entry per hour and tenant."""
+    return per_window(rollups, "hour")
+
+
+def per_window(rollups: Iterable[Sequence[Any]], key: str) -> list[dict[str, Any]]:
+    """Rows of (window_start, tenant, documents, pages, sketch JSON) -> one entry per window and
+    tenant, its start under `key`."""
     report: dict[tuple[Any, str], dict[str, Any]] = {}
     for window_start, tenant, documents, pages, sketch in rollups:
         entry = report.setdefault(
             (window_start, tenant),
-            {"hour": window_start, "tenant": tenant, "documents": 0, "pages": 0, "sketches": {}},
+            {key: window_start, "tenant": tenant, "documents": 0, "pages": 0, "sketches": {}},
         )
         entry["documents"] += int(documents)
         entry["pages"] += int(pages)

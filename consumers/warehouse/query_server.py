@@ -1,77 +1,73 @@
-"""Read-only queries through the process that owns the embedded warehouse, or straight to it.
+"""The embedded warehouse over ClickHouse's HTTP interface, served by the process that owns it.
 
 chDB allows one process per data directory. The process that owns it while it runs (`docstream
-up`, `docstream demo`, `docstream warehouse sink`) therefore answers the analysts' queries for
-it: `serve_queries(warehouse)` starts a small HTTP server on 127.0.0.1 (a free port the OS
-picks) in a daemon thread and writes an endpoint file next to the data directory,
-`<data dir>.query.json` (mode 0600):
+up`, `docstream demo`, `docstream warehouse sink`) therefore answers everyone else's queries:
+`serve_queries(warehouse)` serves ClickHouse's HTTP interface on 127.0.0.1 (a free port the OS
+picks, or `port`) in daemon threads, so `docstream sql`, clickhouse-connect's ordinary HTTP client,
+curl and Grafana's ClickHouse data source read the embedded warehouse as they read a server:
 
-    {"url": "http://127.0.0.1:PORT", "port": PORT, "pid": PID, "token": "...", "warehouse": "chdb:///dir"}
+    GET  /ping                       -> 200 "Ok."
+    GET  /?query=SELECT...           -> 200, the answer in the format asked for (TabSeparated by default)
+    POST /?<params>  body: SELECT... -> the same; the query is the `query` parameter, the body, or both
 
-removed again when the context exits. The server answers
+with a credential, the ClickHouse way (consumers.warehouse.http_interface): user `docstream` and a
+random password that only this user can read, in an endpoint file beside the data directory,
+`<data dir>.query.json` (mode 0600, removed again when the context exits):
 
-    GET  /ping   -> 200 {"pid", "warehouse"}
-    POST /query  {"sql": "...", "parameters": {...}} -> 200 {"columns": [...], "rows": [[...], ...]}
-                                                     or 4xx/5xx {"error": "..."}
+    {"url": "http://127.0.0.1:PORT", "port": PORT, "pid": PID, "user": "docstream",
+     "password": "...", "warehouse": "chdb:///dir"}
 
-only with the file's token in the `X-Docstream-Token` header, and runs every query with
-`Warehouse.query` read-only (`check_read_only` plus the `readonly=1` setting): a write
-statement is refused as it would be by a direct query. `Warehouse` serialises its calls, so
-queries and the sink's inserts take turns on the one chDB client.
+Every query runs with `Warehouse.read`: one read-only statement by sql_guard's rules (a trailing
+`FORMAT name` is taken off first, and must name one of sql_guard's OUTPUT_FORMATS), with
+`readonly=1` and the time limit appended by the warehouse, in the database `docstream`. URL
+parameters that would change settings are refused. Failures are ClickHouse's: an HTTP 4xx/5xx
+status, `Code: N. DB::Exception: ...` and the `X-ClickHouse-Exception-Code` header. `Warehouse`
+serialises its calls, so queries and the sink's inserts take turns on the one chDB client.
 
-`open_for_queries(url)` is the other side, for `docstream sql`, `search` and `analytics`: for
-a `chdb://` URL it uses the endpoint file when there is one whose process is alive and
-answers, else it opens chDB itself (a file left by a killed owner is ignored); an http(s) URL
-opens the server directly. Either way it yields something with `Warehouse.query`'s signature.
-
-Values cross the wire in JSON with their Python type kept (`encode` / `decode`): values JSON
-has (None, bool, int, str, finite float, lists) stay as they are; a JSON object is always a
-tagged value `{"$": type, "v": ...}` for the rest (datetime, date, time, Decimal, UUID, IP
-addresses, bytes, tuples, dicts/Maps, non-finite floats). So a query through the owner
-returns the very rows a direct query would, and the commands print the same output.
+`open_for_queries(url)` is the analysts' side (consumers.warehouse.query_client).
 """
 
 from __future__ import annotations
 
-import base64
-import hmac
-import http.client
-import ipaddress
 import json
 import logging
-import math
 import os
 import secrets
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime
-from datetime import time as clock_time
-from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qsl, urlparse
 
-from consumers.warehouse.store import Queries, Warehouse, check_read_only
-from docstream.errors import ConfigurationError, DocstreamError, TransientError
+from consumers.warehouse.http_interface import (
+    BAD_ARGUMENTS,
+    CONTENT_TYPES,
+    NETWORK_ERROR,
+    QUERY_IS_TOO_LARGE,
+    READONLY,
+    SYNTAX_ERROR,
+    UNKNOWN_EXCEPTION,
+    UNKNOWN_FORMAT,
+    ClickHouseHttpError,
+    RequestOptions,
+    check_credentials,
+)
+from consumers.warehouse.sql_guard import split_output_format
+from consumers.warehouse.store import ClickHouseRefusal, Queries, Warehouse
+from docstream.errors import ConfigurationError, TransientError
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_SUFFIX = ".query.json"
-TOKEN_HEADER = "X-Docstream-Token"
 HOST = "127.0.0.1"
+USER = "docstream"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-PING_TIMEOUT_S = 2.0
-QUERY_TIMEOUT_S = 600.0
-OWNER_WAIT_S = 3.0  # the directory is locked and nobody answers yet: how long to wait for an owner
 _IDLE_CLIENT_S = 60  # a connection that sends nothing does not hold a server thread longer
-
-Result = tuple[list[str], list[tuple[Any, ...]]]
 
 
 # -- where ------------------------------------------------------------------------------------
@@ -86,7 +82,8 @@ def data_dir(url: str) -> Path | None:
         return None
     parsed = urlparse(url)
     location = parsed.netloc.rpartition("@")[2] if parsed.netloc else parsed.path
-    location = location or parse_qs(parsed.query).get("path", [""])[0]
+    if not location:
+        location = dict(parse_qsl(parsed.query)).get("path", "")
     if location in ("", "memory", ":memory:"):
         return None
     return Path(location).resolve()
@@ -99,104 +96,34 @@ def endpoint_path(directory: Path) -> Path:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """What the endpoint file says: where the owner listens, who it is, the token it wants."""
+    """What the endpoint file says: where the owner listens, who it is, the credential it wants."""
 
     port: int
     pid: int
-    token: str
+    password: str
     warehouse: str
+    user: str = USER
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "url": self.url,
-                "port": self.port,
-                "pid": self.pid,
-                "token": self.token,
-                "warehouse": self.warehouse,
-            },
-            indent=2,
-        )
+        fields = ("port", "pid", "user", "password", "warehouse")
+        return json.dumps({"url": self.url, **{name: getattr(self, name) for name in fields}}, indent=2)
 
     @classmethod
     def read(cls, path: Path) -> Endpoint | None:
         """The endpoint in `path`; None when there is none or it cannot be read."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(int(data["port"]), int(data["pid"]), str(data["token"]), str(data["warehouse"]))
+            port, pid, user = int(data["port"]), int(data["pid"]), str(data["user"])
+            return cls(port, pid, str(data["password"]), str(data["warehouse"]), user)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.debug("ignoring the unreadable endpoint file %s: %s", path, exc)
             return None
-
-
-# -- values -----------------------------------------------------------------------------------
-
-
-def encode(value: Any) -> Any:
-    """`value` (a query result value or parameter) as JSON-safe data that `decode` turns back."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
-    if isinstance(value, list):
-        return [encode(item) for item in value]
-    if isinstance(value, tuple):
-        return {"$": "tuple", "v": [encode(item) for item in value]}
-    if isinstance(value, dict):
-        return {"$": "map", "v": [[encode(k), encode(v)] for k, v in value.items()]}
-    for kind, (cls, to_text, _) in _TAGGED.items():
-        if isinstance(value, cls):
-            return {"$": kind, "v": to_text(value)}
-    return {"$": "str", "v": str(value)}  # anything else, as it would print
-
-
-def decode(data: Any) -> Any:
-    """The Python value `encode` made `data` of."""
-    if isinstance(data, list):
-        return [decode(item) for item in data]
-    if not isinstance(data, dict):
-        return data
-    kind, value = data.get("$"), data.get("v")
-    if not isinstance(kind, str) or value is None:
-        raise ValueError(f"not an encoded value: {data!r}")
-    if kind == "tuple":
-        return tuple(decode(item) for item in value)
-    if kind == "map":
-        return {decode(k): decode(v) for k, v in value}
-    if kind == "float":
-        return float(value)
-    if kind == "str":
-        return str(value)
-    if kind in _TAGGED:
-        return _TAGGED[kind][2](value)
-    raise ValueError(f"unknown encoded value {data!r}")
-
-
-_Codec = tuple[type | tuple[type, ...], Callable[[Any], str], Callable[[str], Any]]  # class, to, from
-_TAGGED: dict[str, _Codec] = {  # checked in this order: datetime is a date
-    "datetime": (datetime, datetime.isoformat, datetime.fromisoformat),
-    "date": (date, date.isoformat, date.fromisoformat),
-    "time": (clock_time, clock_time.isoformat, clock_time.fromisoformat),
-    "decimal": (Decimal, str, Decimal),
-    "uuid": (uuid.UUID, str, uuid.UUID),
-    "ipv4": (ipaddress.IPv4Address, str, ipaddress.IPv4Address),
-    "ipv6": (ipaddress.IPv6Address, str, ipaddress.IPv6Address),
-    "bytes": ((bytes, bytearray), lambda b: base64.b64encode(b).decode("ascii"), base64.b64decode),
-}
-
-
-def encode_result(columns: list[str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    return {"columns": list(columns), "rows": [[encode(value) for value in row] for row in rows]}
-
-
-def decode_result(data: dict[str, Any]) -> Result:
-    return [str(c) for c in data["columns"]], [tuple(decode(value) for value in row) for row in data["rows"]]
 
 
 # -- the owner's side -------------------------------------------------------------------------
@@ -205,9 +132,9 @@ def decode_result(data: dict[str, Any]) -> Result:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, warehouse: Warehouse, token: str) -> None:
-        super().__init__((HOST, 0), _Handler)
-        self.warehouse, self.token = warehouse, token
+    def __init__(self, warehouse: Warehouse, password: str, port: int) -> None:
+        super().__init__((HOST, port), _Handler)
+        self.warehouse, self.password = warehouse, password
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer is its own business: no traceback on the owner's console."""
@@ -217,56 +144,118 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = _IDLE_CLIENT_S
+    protocol_version = "HTTP/1.1"  # keep-alive, as clickhouse-connect's pool expects
+    server_version = "docstream-warehouse"
+    _unread = False  # whether the request's body is still to be read
 
     def do_GET(self) -> None:
-        if not self._authorised():
-            return
-        if self.path != "/ping":
-            self._reply(404, {"error": f"no {self.path} here: POST /query"})
-            return
-        self._reply(200, {"pid": os.getpid(), "warehouse": self.server.warehouse.url})
+        self._answer(with_body=False)
 
     def do_POST(self) -> None:
-        if not self._authorised():
-            return
-        if self.path != "/query":
-            self._reply(404, {"error": f"no {self.path} here: POST /query"})
-            return
+        self._answer(with_body=True)
+
+    def _answer(self, *, with_body: bool) -> None:
+        query_id, self._unread = str(uuid.uuid4()), with_body
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= MAX_REQUEST_BYTES:
-                raise ValueError(f"a query request of {length} bytes (at most {MAX_REQUEST_BYTES})")
-            request = json.loads(self.rfile.read(length))
-            sql, parameters = request["sql"], decode(request.get("parameters"))
-            if not isinstance(sql, str) or not isinstance(parameters, dict | None):
-                raise ValueError("sql must be a string and parameters an object")
-        except (ValueError, KeyError, TypeError) as exc:
-            self._reply(400, {"error": f"bad query request: {exc}"})
+            url = urlparse(self.path)
+            if url.path == "/ping":
+                self._reply(200, b"Ok.\n", "text/plain; charset=UTF-8")
+                return
+            if url.path not in ("", "/"):
+                raise ClickHouseHttpError(BAD_ARGUMENTS, f"There is no handle {url.path[:100]}: use /, /ping")
+            params = dict(parse_qsl(url.query, keep_blank_values=True))
+            if not with_body and "query" not in params:  # GET / is a health check too
+                self._reply(200, b"Ok.\n", "text/plain; charset=UTF-8")
+                return
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            check_credentials(headers, params, USER, self.server.password)
+            options = RequestOptions.of(params, headers)
+            query_id = options.query_id or query_id
+            body = self._body() if with_body else b""
+            sql = "\n".join(part for part in (params.get("query", ""), _text(body)) if part)
+            if not sql.strip():
+                raise ClickHouseHttpError(SYNTAX_ERROR, "Empty query")
+            data, output_format = self._run(sql, options)
+        except ClickHouseHttpError as exc:
+            self._fail(exc, query_id)
             return
+        headers = {"X-ClickHouse-Format": output_format, "X-ClickHouse-Query-Id": query_id}
+        content_type = CONTENT_TYPES.get(output_format, "application/octet-stream")
+        self._reply(200, data, content_type, headers)
+
+    def _run(self, sql: str, options: RequestOptions) -> tuple[bytes, str]:
         try:
-            columns, rows = self.server.warehouse.query(sql, parameters)  # read-only, always
+            sql, named = split_output_format(sql)
+            output_format = named or options.default_format
+            data = self.server.warehouse.read(sql, output_format, options.parameters, options.database)
+        except ClickHouseRefusal as exc:  # the engine's own error
+            raise ClickHouseHttpError(exc.code or UNKNOWN_EXCEPTION, str(exc)) from exc
         except TransientError as exc:
-            self._reply(503, {"error": str(exc)})
-        except DocstreamError as exc:
-            self._reply(400, {"error": str(exc)})
+            raise ClickHouseHttpError(NETWORK_ERROR, str(exc)) from exc
+        except ConfigurationError as exc:  # refused by the read-only rules
+            code = UNKNOWN_FORMAT if str(exc).startswith("read-only SQL refused: FORMAT") else READONLY
+            raise ClickHouseHttpError(code, str(exc)) from exc
         except Exception as exc:
             log.exception("query failed in the warehouse query server")
-            self._reply(500, {"error": f"query failed in the warehouse owner: {type(exc).__name__}: {exc}"})
+            raise ClickHouseHttpError(UNKNOWN_EXCEPTION, f"{type(exc).__name__}: {exc}") from exc
+        return data, output_format
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = self._chunked()
         else:
-            self._reply(200, encode_result(columns, rows))
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError as exc:
+                raise ClickHouseHttpError(BAD_ARGUMENTS, "unreadable Content-Length") from exc
+            if length > MAX_REQUEST_BYTES:
+                raise ClickHouseHttpError(QUERY_IS_TOO_LARGE, f"a request of {length} bytes")
+            data = self.rfile.read(length) if length > 0 else b""
+        self._unread = False
+        if self.headers.get_content_type() == "multipart/form-data":
+            raise ClickHouseHttpError(BAD_ARGUMENTS, "external data (multipart requests) are not taken")
+        encoding = self.headers.get("Content-Encoding", "").lower()
+        if encoding in ("gzip", "deflate"):
+            try:
+                return zlib.decompress(data, wbits=47 if encoding == "gzip" else 15)
+            except zlib.error as exc:
+                raise ClickHouseHttpError(BAD_ARGUMENTS, f"unreadable {encoding} body: {exc}") from exc
+        if encoding not in ("", "identity"):
+            raise ClickHouseHttpError(BAD_ARGUMENTS, f"a {encoding[:32]} request body: send it plain or gzip")
+        return data
 
-    def _authorised(self) -> bool:
-        given = self.headers.get(TOKEN_HEADER) or ""
-        if hmac.compare_digest(given.encode(), self.server.token.encode()):
-            return True
-        self._reply(403, {"error": "wrong or missing token"})
-        return False
+    def _chunked(self) -> bytes:
+        data = bytearray()
+        while True:
+            try:
+                size = int(self.rfile.readline(64).split(b";")[0].strip() or b"0", 16)
+            except ValueError as exc:
+                raise ClickHouseHttpError(BAD_ARGUMENTS, "unreadable chunked body") from exc
+            if size == 0:
+                self.rfile.readline(64)
+                self._unread = False
+                return bytes(data)
+            if len(data) + size > MAX_REQUEST_BYTES:
+                raise ClickHouseHttpError(QUERY_IS_TOO_LARGE, "a request over 16 MiB")
+            data += self.rfile.read(size)
+            self.rfile.readline(64)
 
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body, allow_nan=False).encode()
+    def _fail(self, error: ClickHouseHttpError, query_id: str) -> None:
+        headers = {"X-ClickHouse-Exception-Code": str(error.code), "X-ClickHouse-Query-Id": query_id}
+        if self._unread:  # a body this answer leaves unread would be taken for the next request
+            self.close_connection = True
+        if error.status == 401:
+            headers["WWW-Authenticate"] = 'Basic realm="docstream warehouse", charset="UTF-8"'
+        self._reply(error.status, error.body().encode(), "text/plain; charset=UTF-8", headers)
+
+    def _reply(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -274,19 +263,26 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("query server: " + format, *args)
 
 
-@contextmanager
-def serve_queries(warehouse: Warehouse) -> Iterator[Endpoint | None]:
-    """Answer read-only queries on `warehouse` for other processes while the context runs.
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClickHouseHttpError(SYNTAX_ERROR, f"the query is not UTF-8: {exc.reason}") from exc
 
-    Only for an embedded warehouse with a data directory (otherwise it does nothing and
-    yields None): other processes cannot open that directory while this one has it.
+
+@contextmanager
+def serve_queries(warehouse: Warehouse, *, port: int = 0) -> Iterator[Endpoint | None]:
+    """Serve ClickHouse's HTTP interface on `warehouse` for other processes while the context runs.
+
+    Only for an embedded warehouse with a data directory (otherwise it does nothing and yields
+    None): other processes cannot open that directory while this one has it. `port` 0: the OS picks.
     """
     directory = data_dir(warehouse.url) if warehouse.embedded else None
     if directory is None:
         yield None
         return
-    server = _Server(warehouse, secrets.token_urlsafe(32))  # listening from here on
-    endpoint = Endpoint(server.server_address[1], os.getpid(), server.token, warehouse.url)
+    server = _Server(warehouse, secrets.token_urlsafe(32), port)  # listening from here on
+    endpoint = Endpoint(server.server_address[1], os.getpid(), server.password, warehouse.url)
     path = endpoint_path(directory)
     try:
         _write_private(path, endpoint.to_json())
@@ -297,11 +293,11 @@ def serve_queries(warehouse: Warehouse) -> Iterator[Endpoint | None]:
         return
     thread = threading.Thread(target=server.serve_forever, name="warehouse-queries", daemon=True)
     thread.start()
-    log.debug("answering warehouse queries on %s (%s)", endpoint.url, path)
+    log.debug("serving the warehouse's HTTP interface on %s (%s)", endpoint.url, path)
     try:
         yield endpoint
     finally:
-        if (Endpoint.read(path) or endpoint).token == endpoint.token:
+        if (Endpoint.read(path) or endpoint).password == endpoint.password:
             path.unlink(missing_ok=True)
         server.shutdown()
         server.server_close()
@@ -309,7 +305,7 @@ def serve_queries(warehouse: Warehouse) -> Iterator[Endpoint | None]:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically, readable by this user only (the file holds the token)."""
+    """Write `text` to `path` atomically, readable by this user only (the file holds the password)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
@@ -317,140 +313,10 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-# -- the analyst's side -----------------------------------------------------------------------
-
-
-class OwnerQueries:
-    """`Warehouse.query`, answered by the process that owns the embedded warehouse."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self.pid = endpoint.pid
-
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Result:
-        """(column names, rows) of one read-only statement, as `Warehouse.query` returns them."""
-        sql = check_read_only(sql)  # refused here as a direct query would be, before sending it
-        body = json.dumps({"sql": sql, "parameters": encode(parameters)}, allow_nan=False)
-        try:
-            status, answer = self._request("POST", "/query", body, QUERY_TIMEOUT_S)
-        except OSError as exc:
-            raise TransientError(
-                f"the process that owns the warehouse (pid {self.pid}) stopped answering: {exc}"
-            ) from exc
-        if status == 200:
-            try:
-                return decode_result(answer)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigurationError(
-                    f"the warehouse owner (pid {self.pid}) answered nonsense: {exc}"
-                ) from exc
-        error = str(answer.get("error") or f"HTTP {status}")
-        raise TransientError(error) if status == 503 else ConfigurationError(error)
-
-    def answers(self) -> bool:
-        """Whether the owner answers a ping for this warehouse with this token."""
-        try:
-            status, answer = self._request("GET", "/ping", None, PING_TIMEOUT_S)
-        except OSError as exc:
-            log.debug("the warehouse owner on %s does not answer: %s", self.endpoint.url, exc)
-            return False
-        ok = status == 200 and answer.get("warehouse") == self.endpoint.warehouse
-        if not ok:
-            log.debug("the warehouse owner on %s answered %s %s", self.endpoint.url, status, answer)
-        return ok
-
-    def _request(self, method: str, path: str, body: str | None, timeout: float) -> tuple[int, Any]:
-        connection = http.client.HTTPConnection(HOST, self.endpoint.port, timeout=timeout)
-        try:
-            headers = {TOKEN_HEADER: self.endpoint.token, "Content-Type": "application/json"}
-            connection.request(
-                method, path, body=body.encode() if body is not None else None, headers=headers
-            )
-            response = connection.getresponse()
-            data = response.read()
-        except http.client.HTTPException as exc:
-            raise OSError(f"bad HTTP answer: {exc}") from exc
-        finally:
-            connection.close()
-        try:
-            answer = json.loads(data)
-        except ValueError:
-            answer = {"error": data.decode(errors="replace")[:200] or f"HTTP {response.status}"}
-        return response.status, answer if isinstance(answer, dict) else {"error": str(answer)[:200]}
-
-
-def find_owner(directory: Path) -> OwnerQueries | None:
-    """The owner of `directory` when its endpoint file names a live process that answers."""
-    path = endpoint_path(directory)
-    endpoint = Endpoint.read(path)
-    if endpoint is None:
-        return None
-    if not _alive(endpoint.pid):
-        log.debug("ignoring %s: its process %d is gone", path, endpoint.pid)
-        return None
-    owner = OwnerQueries(endpoint)
-    return owner if owner.answers() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    except OSError:
-        return False
-    return True
-
-
 @contextmanager
 def open_for_queries(url: str) -> Iterator[Queries]:
-    """Something to run read-only queries on the warehouse at `url` with, for the context.
+    """consumers.warehouse.query_client.open_for_queries: the owner when one answers, else the warehouse."""
+    from consumers.warehouse.query_client import open_for_queries as opened
 
-    For a chdb:// URL, the process that owns the data directory when one answers, else chDB
-    opened in this process; when another process holds the directory but does not answer
-    (yet: it may be starting up), up to `OWNER_WAIT_S` for it to. For an http(s) URL, the server.
-    """
-    directory = data_dir(url)
-    owner = find_owner(directory) if directory is not None else None
-    if owner is None and directory is not None and _held_by_another(directory):
-        owner = _wait_for_owner(directory)
-    if owner is not None:
-        yield owner
-        return
-    with Warehouse(url) as warehouse:  # says so when another process still holds the directory
-        yield warehouse
-
-
-def _held_by_another(directory: Path) -> bool:
-    """Whether a process holds chDB's lock on `directory` (ClickHouse flocks `<dir>/status`)."""
-    if sys.platform == "win32":
-        return False
-    import fcntl
-
-    try:
-        fd = os.open(directory / "status", os.O_RDONLY)
-    except OSError:  # no such directory yet, or not ours to read: chDB will say
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _wait_for_owner(directory: Path) -> OwnerQueries | None:
-    deadline = time.monotonic() + OWNER_WAIT_S
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        owner = find_owner(directory)
-        if owner is not None:
-            return owner
-    return None
+    with opened(url) as queries:
+        yield queries

@@ -29,8 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consumers.warehouse.store import Queries
+from docstream.errors import ConfigurationError
 
 SNIPPET_CHARS = 200
+NOTHING_INDEXED = (
+    "nothing is indexed yet: the warehouse has no docstream.current_chunks. Run `docstream warehouse"
+    " migrate` to create the tables, then index documents: `docstream demo`, or `docstream up` (or"
+    " `docstream warehouse sink` with the worker groups) while documents are published"
+)
+_MISSING = ("(UNKNOWN_DATABASE)", "(UNKNOWN_TABLE)")
 SEARCH_SQL = """
 SELECT document_id, tenant, page, chunk, substring(text, 1, %(snippet)s) AS snippet,
        1 - cosineDistance(embedding, %(vector)s) AS score
@@ -64,5 +71,10 @@ def search(
         "k": k,
         "snippet": SNIPPET_CHARS,
     }
-    _, rows = warehouse.query(SEARCH_SQL, parameters)
+    try:
+        _, rows = warehouse.query(SEARCH_SQL, parameters)
+    except ConfigurationError as exc:
+        if any(missing in str(exc) for missing in _MISSING):
+            raise ConfigurationError(NOTHING_INDEXED) from exc
+        raise
     return [Hit(str(d), str(t), int(p), int(c), str(s), float(score)) for d, t, p, c, s, score in rows]

@@ -13,8 +13,8 @@ and reads `file()` with it. The rules:
 3. it starts with SELECT, WITH, SHOW, DESCRIBE, DESC or EXPLAIN, or with `(` and SELECT or WITH;
 4. no bare word (never a quoted identifier or a string) that writes, reads files or changes
    settings, anywhere: INTO, OUTFILE, INFILE, FORMAT, SETTINGS, SET, INSERT, CREATE, ALTER,
-   DROP ... (`REFUSED_WORDS`; SHOW CREATE and SHOW SETTINGS only read, and `system.` is the
-   system database), nor PARALLEL WITH (several statements);
+   DROP ... (`REFUSED_WORDS`; SHOW CREATE and SHOW SETTINGS only read, `system.` is the
+   system database and `system.settings` its table), nor PARALLEL WITH (several statements);
 5. no call of a table function other than `HARMLESS_TABLE_FUNCTIONS` (`TABLE_FUNCTIONS`: all of
    chDB's, kept in step with `system.table_functions` by a test, plus a few of server builds), nor
    of a function that reads files, dictionaries, models or other servers (`OUTSIDE_FUNCTIONS`,
@@ -327,9 +327,20 @@ def _refusal(significant: list[Token], index: int) -> str:
         return ""
     if word == "SYSTEM" and after is not None and after.text == ".":
         return ""  # the system database: system.tables
+    if word == "SETTINGS" and _in_system_database(significant, index):
+        return ""  # the table system.settings (clickhouse-connect reads it when it connects)
     if word in _READ_AFTER_SHOW and _follows_show(significant, index):
         return ""
     return f"{word} {REFUSED_WORDS[word]}; a name spelt like a keyword can be quoted: `{token.text}`"
+
+
+def _in_system_database(significant: list[Token], index: int) -> bool:
+    """Whether the token at `index` names a table of the system database: `system.<it>`, where a
+    name is expected after the dot, never a clause."""
+    if index < 2 or significant[index - 1].text != ".":
+        return False
+    database = significant[index - 2]
+    return database.kind is Kind.WORD and database.text.upper() == "SYSTEM"
 
 
 def _follows_show(significant: list[Token], index: int) -> bool:
@@ -388,6 +399,65 @@ def _refused(data: bytes, offset: int, why: str) -> ConfigurationError:
     line = before.count("\n") + 1
     column = len(before) - (before.rfind("\n") + 1) + 1
     return ConfigurationError(f"read-only SQL refused at line {line}, column {column}: {why}")
+
+
+# -- the output format an HTTP client names --------------------------------------------------
+# The warehouse's HTTP interface (consumers.warehouse.query_server) answers in the format a client
+# asks for, as ClickHouse does: a `FORMAT name` clause ending the query, `default_format` or the
+# X-ClickHouse-Format header. These formats only write the result; those that read a schema or
+# template file (Template, Protobuf, CapnProto ...) or are input-only are left out.
+OUTPUT_FORMATS = frozenset(
+    {
+        *("Native", "RowBinary", "RowBinaryWithNames", "RowBinaryWithNamesAndTypes", "Null"),
+        *("TabSeparated", "TabSeparatedRaw", "TabSeparatedWithNames", "TabSeparatedWithNamesAndTypes"),
+        *("TabSeparatedRawWithNames", "TabSeparatedRawWithNamesAndTypes", "TSV", "TSVRaw", "TSVWithNames"),
+        *("TSVWithNamesAndTypes", "TSVRawWithNames", "TSVRawWithNamesAndTypes", "TSKV"),
+        *("CSV", "CSVWithNames", "CSVWithNamesAndTypes", "Values", "Markdown", "XML", "Vertical"),
+        *("JSON", "JSONStrings", "JSONCompact", "JSONCompactStrings", "JSONColumns", "JSONCompactColumns"),
+        *("JSONColumnsWithMetadata", "JSONEachRow", "JSONStringsEachRow", "JSONCompactEachRow"),
+        *("JSONCompactEachRowWithNames", "JSONCompactEachRowWithNamesAndTypes", "JSONLines", "NDJSON"),
+        *("JSONCompactStringsEachRow", "JSONCompactStringsEachRowWithNames", "JSONObjectEachRow"),
+        *("JSONCompactStringsEachRowWithNamesAndTypes", "PrettyJSONEachRow"),
+        *("Pretty", "PrettyCompact", "PrettyCompactMonoBlock", "PrettyNoEscapes", "PrettyMonoBlock"),
+        *("PrettyCompactNoEscapes", "PrettySpace", "PrettySpaceNoEscapes", "PrettySpaceMonoBlock"),
+        *("Parquet", "Arrow", "ArrowStream", "ORC", "Avro", "MsgPack", "BSONEachRow"),
+    }
+)
+_FORMATS_BY_LOWER = {name.lower(): name for name in OUTPUT_FORMATS}
+
+
+def output_format(name: str) -> str:
+    """The output format `name` stands for (letter case as ClickHouse spells it), if it is one the
+    warehouse answers in; else ConfigurationError."""
+    canonical = _FORMATS_BY_LOWER.get(name.lower())
+    if canonical is None:
+        raise ConfigurationError(
+            f"read-only SQL refused: FORMAT {name[:64]} is not an output format the warehouse answers in"
+            " (formats that read schema or template files are not)"
+        )
+    return canonical
+
+
+def split_output_format(sql: str) -> tuple[str, str | None]:
+    """`sql` without a `FORMAT name` clause that ends it (a `;` may follow), and the format it names
+    (`output_format`), or (`sql`, None) when it does not end so.
+
+    Only the end is looked at: the rest must pass `read_only_sql` as it is, and FORMAT anywhere else
+    is refused there.
+    """
+    data = _utf8(sql)
+    try:
+        significant = [token for token in lex(sql) if token.significant]
+    except SqlSyntaxError:
+        return sql, None  # read_only_sql says what is wrong with it
+    while significant and significant[-1].text == ";":
+        significant.pop()
+    if len(significant) < 3:
+        return sql, None
+    keyword, name = significant[-2], significant[-1]
+    if keyword.kind is not Kind.WORD or keyword.text.upper() != "FORMAT" or name.kind is not Kind.WORD:
+        return sql, None
+    return data[: keyword.start].decode("utf-8"), output_format(name.text)
 
 
 # -- the lexer --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from clickhouse_connect.driver.exceptions import (
     ProgrammingError,
 )
 
+from consumers.warehouse.sql_guard import output_format as read_only_format
 from consumers.warehouse.sql_guard import read_only_sql
 from docstream.errors import ConfigurationError, PermanentError, TransientError
 
@@ -50,6 +51,13 @@ QUERY_TIME_LIMIT_S = 300
 # chDB takes max_execution_time beside readonly=1 in the one SETTINGS clause clickhouse-connect
 # appends (tests/integration/test_sql_hostile.py); a server takes both as request settings.
 READ_ONLY_SETTINGS = {"readonly": 1, "max_execution_time": QUERY_TIME_LIMIT_S}
+# what `Warehouse.read` appends to a checked statement, before its FORMAT clause
+READ_ONLY_CLAUSE = f"\nSETTINGS readonly = 1, max_execution_time = {QUERY_TIME_LIMIT_S}"
+SESSION_DATABASE = "docstream"  # the database of read-only queries, once it exists
+_SYNTAX_ERROR_AT = re.compile(r"Syntax error: failed at position (\d+)")
+_OUR_SETTINGS = re.compile(
+    r"\s*SETTINGS readonly = '?1'?, max_execution_time = '?" + str(QUERY_TIME_LIMIT_S) + r"'?(\s*FORMAT \w+)?"
+)
 _COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)  # for our own DDL files only
 _STATEMENT_END = re.compile(r";\s*(?:\n|$)")
 
@@ -70,6 +78,37 @@ def statements(ddl: str) -> list[str]:
     return [s.strip() for s in _STATEMENT_END.split(_COMMENTS.sub("", ddl)) if s.strip()]
 
 
+def bind_for_reading(
+    sql: str, parameters: dict[str, Any] | None, server_tz: Any
+) -> tuple[str, dict[str, Any] | None]:
+    """`sql` with its client-side parameters (`%(name)s`) filled in as clickhouse-connect would, and
+    the parameters still to send (the server-side ones, `{name:Type}`); (sql, None) without any."""
+    if not parameters:
+        return sql, None
+    try:
+        bound, server_side = bind_query(sql, parameters, server_tz)
+    except (ProgrammingError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigurationError(f"query parameters do not fit the query: {exc}") from exc
+    if not isinstance(bound, str):  # bytes parameters go into the SQL as raw bytes
+        raise ConfigurationError("binary query parameters are not accepted in read-only queries")
+    return bound, parameters if server_side else None
+
+
+def in_own_words(message: str, sql: str) -> str:
+    """A ClickHouse error `message` about `sql` plus the read-only clause and format appended to it,
+    told about `sql` alone: a syntax error past its end says the statement ends too early, and the
+    appended clause is not quoted back."""
+    found = _SYNTAX_ERROR_AT.search(message)
+    end = len(sql.encode("utf-8"))
+    if found is not None and int(found.group(1)) > end:
+        shown = sql if len(sql) <= 200 else sql[:200] + "..."
+        return (
+            f"Code: 62. DB::Exception: Syntax error: failed at position {end + 1} (end of query):"
+            f" the statement ends too early: {shown}. (SYNTAX_ERROR)"
+        )
+    return _OUR_SETTINGS.sub("", message)
+
+
 def check_read_only(sql: str) -> str:
     """`sql` as it will run (comments and a trailing `;` dropped) if it is one read-only statement,
     else ConfigurationError saying what was refused and why (the rules: consumers.warehouse.sql_guard)."""
@@ -84,6 +123,7 @@ class Warehouse:
             raise ConfigurationError(f"warehouse URL {url!r}: use chdb:///path or http(s)://host:port")
         self.url, self.embedded = url, url.startswith("chdb://")
         self._lock = threading.Lock()
+        self._session_database: str | None = None  # SESSION_DATABASE once seen
         try:
             self._client = clickhouse_connect.get_client(dsn=url)
         except OperationalError as exc:
@@ -165,35 +205,84 @@ class Warehouse:
 
         Read-only, the client-side parameters (`%(name)s`) are bound first, so that the check sees
         and the server runs the very same SQL; server-side ones (`{name:Type}`) the server binds as
-        values. Then it runs with `readonly=1` and a time limit (`READ_ONLY_SETTINGS`).
+        values. Then it runs with `readonly=1` and a time limit (`READ_ONLY_SETTINGS`), in the
+        database `docstream` once it exists (`SESSION_DATABASE`), and an error names the statement
+        as written, not the settings appended to it.
         """
-        settings = None
+        settings, checked = None, sql
         if readonly:
-            sql, parameters = self._bound(sql, parameters)
-            sql, settings = check_read_only(sql), dict(READ_ONLY_SETTINGS)
+            sql, parameters = bind_for_reading(sql, parameters, self._client.server_tz)
+            checked, settings = check_read_only(sql), dict(READ_ONLY_SETTINGS)
         try:
             with self._lock:
-                result = self._client.query(sql, parameters=parameters, settings=settings)
+                if readonly:
+                    self._client.database = self._reading_database()
+                result = self._client.query(checked, parameters=parameters, settings=settings)
         except OperationalError as exc:
             raise TransientError(f"warehouse unreachable: {exc}") from exc
         except DatabaseError as exc:
-            raise ConfigurationError(f"query refused: {_first_line(exc)}") from exc
+            raise ConfigurationError(f"query refused: {in_own_words(_first_line(exc), checked)}") from exc
         except ClickHouseError as exc:
-            raise ConfigurationError(f"query failed: {_first_line(exc)}") from exc
+            raise ConfigurationError(f"query failed: {in_own_words(_first_line(exc), checked)}") from exc
         return list(result.column_names), [tuple(row) for row in result.result_rows]
 
-    def _bound(self, sql: str, parameters: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
-        """`sql` with its client-side parameters filled in as clickhouse-connect would, and the
-        parameters still to send (the server-side ones); (sql, None) without parameters."""
-        if not parameters:
-            return sql, None
+    def read(
+        self,
+        sql: str,
+        output_format: str,
+        parameters: dict[str, str] | None = None,
+        database: str | None = None,
+    ) -> bytes:
+        """The answer to one read-only statement, in `output_format` (one of sql_guard's
+        OUTPUT_FORMATS), as ClickHouse's HTTP interface gives it; for consumers.warehouse.query_server.
+
+        `sql` must pass `check_read_only` as it is (no parameters are bound here); it runs as `query`
+        runs it, with `READ_ONLY_CLAUSE`, in `database` (default: as `query`). `parameters` are
+        server-side parameter values (`{name:Type}`) in ClickHouse's text form, passed on as they are.
+        Raises ClickHouseRefusal (with the ClickHouse error's code) when the engine refuses it.
+        """
+        checked = check_read_only(sql)
+        final = f"{checked}{READ_ONLY_CLAUSE}\nFORMAT {read_only_format(output_format)}"
+        values: dict[str, Any] = {name: _Verbatim(value) for name, value in (parameters or {}).items()}
         try:
-            bound, server_side = bind_query(sql, parameters, self._client.server_tz)
-        except (ProgrammingError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigurationError(f"query parameters do not fit the query: {exc}") from exc
-        if not isinstance(bound, str):  # bytes parameters go into the SQL as raw bytes
-            raise ConfigurationError("binary query parameters are not accepted in read-only queries")
-        return bound, parameters if server_side else None
+            with self._lock:
+                self._client.database = database or self._reading_database()
+                return self._client.raw_query(final, parameters=values or None)
+        except OperationalError as exc:
+            raise TransientError(f"warehouse unreachable: {exc}") from exc
+        except ClickHouseError as exc:
+            code = getattr(exc, "code", None)
+            raise ClickHouseRefusal(in_own_words(_first_line(exc), checked), code) from exc
+
+    def _reading_database(self) -> str | None:
+        """SESSION_DATABASE once it exists (`migrate` creates it); the client's own until then."""
+        if self._session_database is None:
+            found = self._client.query(
+                "SELECT count() FROM system.databases WHERE name = {name:String}",
+                parameters={"name": SESSION_DATABASE},
+            )
+            if found.result_rows[0][0]:
+                self._session_database = SESSION_DATABASE
+        return self._session_database
+
+
+class ClickHouseRefusal(ConfigurationError):
+    """The engine refused a read: its message, and its error code when it gave one."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code if isinstance(code, int) else None
+
+
+class _Verbatim:
+    """A server-side parameter value already in ClickHouse's text form: clickhouse-connect passes
+    an object it does not know on as `str(value)`."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,9 +2,11 @@
 
 In embedded mode (a `chdb://` warehouse URL, the default `<home>/warehouse`) chDB allows one
 process per data directory. The process that owns it while it runs (`warehouse sink`, `up`,
-`demo`) answers read-only queries for the others (consumers.warehouse.query_server): `sql`,
-`search` and `analytics` go through it when it runs and open chDB themselves when it does
-not. With a ClickHouse server (http(s):// URL) every command opens the server itself.
+`demo`) serves ClickHouse's HTTP interface on loopback for the others
+(consumers.warehouse.query_server): `sql`, `search` and `analytics` query it with
+clickhouse-connect's HTTP client when it runs and open chDB themselves when it does not. With a
+ClickHouse server (http(s):// URL) every command opens the server itself. Read-only queries run
+in the database `docstream`.
 """
 
 from __future__ import annotations
@@ -111,9 +113,13 @@ def analytics(
     since: str | None = typer.Option(
         None, "--since", help="with --verify: only windows starting at or after this time (ISO 8601, UTC)"
     ),
+    minutes: bool = typer.Option(
+        False, "--minutes", help="per closed 1-minute window instead of per closed hour"
+    ),
 ) -> None:
-    """Per tenant and hour: documents, pages, p95 latency per stage; dead letters per hour and group.
+    """Per tenant and closed hour: documents, pages, p95 latency per stage; dead letters per hour and group.
 
+    An hour shows once it has closed; --minutes shows the closed 1-minute windows instead.
     With --verify: the reconciliation of the rollups with the warehouse's raw rows instead.
     """
     if verify:
@@ -121,17 +127,20 @@ def analytics(
         return
     if since is not None:
         raise ConfigurationError("--since goes with --verify")
-    from consumers.analytics.report import HOURLY_DEAD_LETTERS, HOURLY_ROLLUPS, hourly
+    from consumers.analytics import report as r
 
+    size, key = (r.MINUTE_S, "minute") if minutes else (r.HOUR_S, "hour")
     with _queries() as warehouse:
-        _, rollups = warehouse.query(HOURLY_ROLLUPS)
-        _, dead = warehouse.query(HOURLY_DEAD_LETTERS)
-    report = hourly(rollups)
+        _, rollups = warehouse.query(r.ROLLUPS, {"size": size})
+        _, dead = warehouse.query(r.HOURLY_DEAD_LETTERS)
+        _, windows = warehouse.query(r.WINDOWS)
+    report = r.per_window(rollups, key)
     dead_letters = [{"hour": hour, "group": group, "dead_letters": n} for hour, group, n in dead]
     if as_json:
-        print_json({"hourly": report, "dead_letters": dead_letters})
+        print_json({"minutes" if minutes else "hourly": report, "dead_letters": dead_letters})
         return
-    columns = ["hour", "tenant", "documents", "pages", "ocr_p95_ms", "embeddings_p95_ms", "thumbnails_p95_ms"]
+    console.print(r.caption(size, len(report), r.window_summary(windows)))
+    columns = [key, "tenant", "documents", "pages", "ocr_p95_ms", "embeddings_p95_ms", "thumbnails_p95_ms"]
     _print_rows(columns, [tuple(row[c] for c in columns) for row in report], "table")
     _print_rows(["hour", "group", "dead_letters"], [tuple(d.values()) for d in dead_letters], "table")
 
@@ -195,6 +204,9 @@ def search(
     if as_json:
         print_json([asdict(hit) for hit in hits])
         return
+    if not hits:
+        where = f" of tenant {tenant}" if tenant else ""
+        console.print(f"no indexed chunks{where} embedded by {model.model_version} yet")
     table = Table("score", "document", "page", "snippet")
     for hit in hits:
         table.add_row(f"{hit.score:.3f}", hit.document_id, str(hit.page), hit.snippet.replace("\n", " "))
@@ -204,7 +216,7 @@ def search(
 @contextmanager
 def _queries() -> Iterator[Queries]:
     """The warehouse for read-only queries: through the process that owns chDB when one runs."""
-    from consumers.warehouse.query_server import OwnerQueries, open_for_queries
+    from consumers.warehouse.query_client import OwnerQueries, open_for_queries
 
     with open_for_queries(settings().warehouse_url) as queries:
         if isinstance(queries, OwnerQueries):

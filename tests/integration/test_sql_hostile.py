@@ -1,8 +1,9 @@
 """Hostile SQL on a real chDB warehouse, sent every way an analyst can send it: straight to
-`Warehouse.query`, through the owner's query server (`open_for_queries`, and a raw POST that skips
-the client's own check), and with `docstream sql`. Each is refused with its reason, nothing under
-the directory the queries aim at is created, changed or read, and the analysts' queries still
-return their rows. Also: the guard's lists and its lexer against chDB's own.
+`Warehouse.query`, through the owner's ClickHouse HTTP interface (`open_for_queries`; clickhouse-
+connect's own client, which skips our client-side check; a raw HTTP request as curl sends it), and
+with `docstream sql`. Each is refused with its reason, nothing under the directory the queries aim
+at is created, changed or read, and the analysts' queries still return their rows. Also: the
+guard's lists and its lexer against chDB's own.
 
 The module holds one chDB data directory (chDB allows one per process) and serves it for the
 whole module, as `docstream warehouse sink` does.
@@ -11,8 +12,6 @@ whole module, as `docstream warehouse sink` does.
 from __future__ import annotations
 
 import hashlib
-import http.client
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,17 +19,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import clickhouse_connect
 import pytest
+from clickhouse_connect.driver.binding import bind_query
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import DatabaseError
 from typer.testing import CliRunner
+from warehouse_owner import http_query
 
-from consumers.warehouse.query_server import (
-    TOKEN_HEADER,
-    Endpoint,
-    OwnerQueries,
-    encode,
-    open_for_queries,
-    serve_queries,
-)
+from consumers.warehouse.query_client import OwnerQueries
+from consumers.warehouse.query_server import Endpoint, open_for_queries, serve_queries
 from consumers.warehouse.sql_guard import (
     HARMLESS_TABLE_FUNCTIONS,
     TABLE_FUNCTIONS,
@@ -47,7 +45,8 @@ from docstream.errors import ConfigurationError
 SECRET = "docstream-secret-5f1c0e"
 PASSWD = "root:x:0:0"  # the first line of /etc/passwd
 MODEL = "m@1:chunks120/20"
-WAYS = ["direct", "owner", "owner-raw", "cli"]
+WAYS = ["direct", "owner", "http-client", "owner-raw", "cli"]
+TRAILING_FORMAT = "SELECT 1 FORMAT TabSeparated"  # refused as SQL; over HTTP, how a client asks for TSV
 
 HOSTILE = [  # sql ({target}: the watched directory, {secret}: a file in it), what the refusal names
     ("SELECT 'echo pwned' INTO OUTFILE '{target}/x.sh'", "INTO"),
@@ -97,7 +96,15 @@ HOSTILE = [  # sql ({target}: the watched directory, {secret}: a file in it), wh
     ("SELECT * FROM dictionary('d')", "dictionary()"),
     ("SELECT dictGet('d', 'a', toUInt64(1))", "dictGet()"),
     ("SELECT 1 SETTINGS readonly = 0", "SETTINGS"),
-    ("SELECT 1 FORMAT TabSeparated", "FORMAT"),
+    (TRAILING_FORMAT, "FORMAT"),
+    ("SELECT 1 FORMAT Template", "FORMAT"),  # reads a template file
+    ("SELECT 1 FORMAT CapnProto", "FORMAT"),  # reads a schema file
+    ("SELECT 1 FORMAT TabSeparated SETTINGS format_schema = '{secret}:x'", "FORMAT"),
+    ("SELECT 1 INTO OUTFILE '{target}/x.17' FORMAT TabSeparated", "INTO"),
+    ("SELECT file('{secret}') FORMAT JSON", "file()"),
+    ("SELECT 1 FORMAT JSON; SELECT file('{secret}') FORMAT JSON", "one statement"),
+    ("SELECT name FROM system.settings SETTINGS readonly = 0", "SETTINGS"),
+    ("SELECT 1 FROM system.settings AS s, system . settings SETTINGS max_execution_time = 0", "SETTINGS"),
     ("SET readonly = 0", "got SET"),
     ("INSERT INTO FUNCTION file('{target}/x.tsv', 'TSV', 'a String') VALUES ('x')", "got INSERT"),
     ("CREATE TABLE docstream.x (a String) ENGINE = File(TSV, '{target}/x.15')", "got CREATE"),
@@ -142,6 +149,7 @@ class Served:
     url: str
     target: Path
     secret: Path
+    client: Client  # clickhouse-connect's own HTTP client on the query server
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +166,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         fill(warehouse)
         with serve_queries(warehouse) as endpoint:
             assert endpoint is not None
-            yield Served(warehouse, endpoint, url, target, secret)
+            client = clickhouse_connect.get_client(
+                host="127.0.0.1", port=endpoint.port, username=endpoint.user, password=endpoint.password
+            )
+            try:
+                yield Served(warehouse, endpoint, url, target, secret, client)
+            finally:
+                client.close()
 
 
 def fill(warehouse: Warehouse) -> None:
@@ -208,24 +222,23 @@ def refusal(way: str, served: Served, sql: str, parameters: dict[str, Any] | Non
             assert isinstance(queries, OwnerQueries)
             queries.query(sql, parameters)
         return str(refused.value)
-    if way == "owner-raw":  # past the client's own check: the owner must refuse it itself
-        status, answer = post(served.endpoint, {"sql": sql, "parameters": encode(parameters)})
-        assert status == 400, answer
-        return str(answer["error"])
+    if way == "http-client":  # clickhouse-connect's own client: no check but the owner's
+        with pytest.raises(DatabaseError) as refused:
+            served.client.query(sql, parameters=parameters)
+        return str(refused.value)
+    if way == "owner-raw":  # what curl sends: the owner must refuse it itself
+        if parameters:  # client-side parameters are the client's business: bound before sending
+            bound = bind_query(sql, parameters)[0]
+            assert isinstance(bound, str)
+            sql = bound
+        status, headers, body = http_query(served.endpoint, sql)
+        assert status in (403, 404), (status, body)
+        assert headers["X-ClickHouse-Exception-Code"] in ("164", "73")
+        return body.decode()
     assert parameters is None
     result = CliRunner().invoke(app, ["sql", sql], env={"DOCSTREAM_WAREHOUSE__URL": served.url})
     assert result.exit_code == 2, result.output
     return " ".join(result.output.split())  # as printed, without the console's line breaks
-
-
-def post(endpoint: Endpoint, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=30)
-    try:
-        connection.request("POST", "/query", json.dumps(body), {TOKEN_HEADER: endpoint.token})
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -235,13 +248,16 @@ def test_a_hostile_query_is_refused_and_touches_nothing(
 ) -> None:
     sql = template.format(target=served.target, secret=served.secret)
     before = files(served.target)
+    if way == "owner-raw" and template == TRAILING_FORMAT:  # how an HTTP client asks for a format
+        assert http_query(served.endpoint, sql)[::2] == (200, b"1\n")
+        return
     message = refusal(way, served, sql)
     assert "read-only SQL" in message and reason in message, message
     assert SECRET not in message and PASSWD not in message
     assert files(served.target) == before
 
 
-@pytest.mark.parametrize("way", ["direct", "owner", "owner-raw"])
+@pytest.mark.parametrize("way", ["direct", "owner", "http-client", "owner-raw"])
 def test_parameters_are_bound_before_the_check(served: Served, way: str) -> None:
     """A client-side parameter cannot turn a string literal into code: the bound SQL is checked."""
     path = ", ".join(f"char({ord(c)})" for c in str(served.secret))  # no quote to escape
@@ -251,6 +267,7 @@ def test_parameters_are_bound_before_the_check(served: Served, way: str) -> None
     with open_for_queries(served.url) as queries:
         assert queries.query("SELECT %(p)s AS p", {"p": value}) == (["p"], [(value,)])
     assert served.warehouse.query("SELECT %(p)s AS p", {"p": value}) == (["p"], [(value,)])
+    assert served.client.query("SELECT {p:String} AS p", parameters={"p": value}).result_rows == [(value,)]
 
 
 @pytest.mark.parametrize("sql", LEGITIMATE)
@@ -269,6 +286,8 @@ def test_queries_run_read_only_with_a_time_limit(served: Served) -> None:
     assert served.warehouse.query(sql)[1] == [(1, QUERY_TIME_LIMIT_S)]
     with open_for_queries(served.url) as queries:
         assert queries.query(sql)[1] == [(1, QUERY_TIME_LIMIT_S)]
+    assert served.client.query(sql).result_rows == [(1, QUERY_TIME_LIMIT_S)]
+    assert http_query(served.endpoint, sql, params={"default_format": "CSV"})[::2] == (200, b"1,300\n")
 
 
 # -- the guard against chDB -------------------------------------------------------------------

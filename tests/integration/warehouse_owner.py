@@ -2,16 +2,22 @@
 
 It opens the chDB directory of `--url`, migrates it, inserts a few rows into the real tables,
 touches `<signals>/locked`, waits `--serve-after` seconds (an owner still starting up), then
-answers queries with `serve_queries` and touches `<signals>/ready`, until SIGTERM (a clean
-exit: the endpoint file goes) or SIGKILL (the file stays behind, stale).
+serves ClickHouse's HTTP interface with `serve_queries` and touches `<signals>/ready`, until
+SIGTERM (a clean exit: the endpoint file goes) or SIGKILL (the file stays behind, stale).
+
+`http_query` is what curl sends: a plain HTTP request to such an owner, for the query tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import signal
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +25,7 @@ from types import FrameType
 
 from consumers.analytics.sketch import LatencySketch
 from consumers.runtime import headers as hdr
-from consumers.warehouse.query_server import serve_queries
+from consumers.warehouse.query_server import Endpoint, serve_queries
 from consumers.warehouse.sink import (
     CHUNK_COLUMNS,
     CHUNKS,
@@ -92,6 +98,41 @@ def fill(warehouse: Warehouse) -> None:
         0,  # revision
     )
     warehouse.insert(ROLLUPS_TABLE, [rollup], ROLLUP_COLUMNS)
+
+
+def http_query(
+    endpoint: Endpoint,
+    sql: str | None,
+    *,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    credentials: str = "headers",
+    method: str = "POST",
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of `sql` sent as curl sends it: in the body (POST) or the `query`
+    parameter (GET), with the endpoint's credential in `credentials` ("headers", "basic", "params"
+    or "none")."""
+    params, headers = dict(params or {}), dict(headers or {})
+    if credentials == "headers":
+        headers |= {"X-ClickHouse-User": endpoint.user, "X-ClickHouse-Key": endpoint.password}
+    elif credentials == "basic":
+        token = base64.b64encode(f"{endpoint.user}:{endpoint.password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    elif credentials == "params":
+        params |= {"user": endpoint.user, "password": endpoint.password}
+    body = None
+    if sql is not None and method == "GET":
+        params["query"] = sql
+    elif sql is not None:
+        body = sql.encode()
+    url = f"{endpoint.url}/?{urllib.parse.urlencode(params)}"
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, dict(error.headers), error.read()
 
 
 def main() -> None:
