@@ -2,6 +2,7 @@
 
 loop.py      the consume loop, wiring over the parts below: poll -> admit -> settle -> flow
              control; rebalances, retry gates on assignment, commit on revoke and shutdown
+partitions.py  the two consumers as one assignment: rebalances, retry gates, pauses, store, commit
 clients.py   the Kafka client calls the loop makes (Protocols) and the default factories
 lanes.py     key-ordered concurrency: one handler thread per lane, parked keys
 handoff.py   what the loop and the lanes hand each other, typed: Chunk, Revoke, Rehandle and
@@ -15,7 +16,8 @@ routing.py   the retry and dead-letter records of a failed message (pure)
 headers.py   retry / dead-letter header names and their encoding
 stats.py     RunStats and WorkerHealth, what a worker reports
 
-Imports run one way: offsets <- message <- handoff <- lanes <- loop (no cycle).
+Imports run one way: offsets <- message <- handoff <- lanes <- loop, and
+gates, flow, clients <- partitions <- loop (no cycle).
 """
 
 from consumers.runtime.loop import RunStats, Worker

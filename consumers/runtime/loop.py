@@ -23,8 +23,12 @@ been read, so a new owner learns which keys are waiting before it handles later 
 
 The loop is the wiring; the decisions are made by pure parts, each unit-tested on its own:
 offsets and holes (consumers.runtime.offsets), retry gates (gates), flow control (flow), the
-messages between the loop and its lanes (handoff). The Kafka clients come from factories
+messages between the loop and its lanes (handoff). Calls on the two consumers that name
+partitions go through `Partitions` (partitions). The Kafka clients come from factories
 (consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
+What is left here (about 500 lines, most of them comments) is one thing: the steps of a turn,
+the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
+outstanding work, and read in order as the story of a message.
 
 The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka_connection):
 a broker outage is logged once when it starts and once when it ends, and shows in `health()`.
@@ -32,7 +36,6 @@ a broker outage is logged once when it starts and once when it ends, and shows i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import random
@@ -44,17 +47,10 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
-from consumers.runtime.clients import (
-    ConsumerClient,
-    ConsumerFactory,
-    ProducerFactory,
-    kafka_consumer,
-    kafka_producer,
-)
+from consumers.runtime.clients import ConsumerFactory, ProducerFactory, kafka_consumer, kafka_producer
 from consumers.runtime.flow import Change, Flow
-from consumers.runtime.gates import Gates
 from consumers.runtime.handoff import (
     STOP,
     Acked,
@@ -71,6 +67,7 @@ from consumers.runtime.lanes import Lane, LaneContext
 from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.offsets import SEGMENT_EVENTS as FULL
 from consumers.runtime.offsets import TP, Offsets, Segment
+from consumers.runtime.partitions import Partitions
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from consumers.runtime.stats import RunStats, WorkerHealth
@@ -81,8 +78,6 @@ from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
 __all__ = ["RunStats", "Worker", "WorkerHealth"]
-
-PROBE_TIMEOUT_S = 0.5  # the connection watch's metadata probe, while the brokers do not answer
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +143,22 @@ class Worker:
             if not self._inline
         ]
         self._offsets = Offsets()  # segments in flight per partition, offsets to store
-        self._gates = Gates()  # source partition numbers held until their retries are read
         self._flow = Flow(runtime.max_in_flight)
         self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
         self._callback_failure: Exception | None = None  # raised by a rebalance callback (_guarded)
         self._closing = False
         self._stop = threading.Event()
         self.stats = RunStats()
+        self._partitions = Partitions(
+            group_id=group_id,
+            topics=self.topics,
+            retry_topic=self.retry_topic,
+            consumer=self._consumer,
+            retries=self._retries,
+            assigned=self.stats.assigned,
+            flow=self._flow,
+            now_ms=self._now_ms,
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class Worker:
                 self._admit(fresh, via_retry=False)
                 self._settle(block=not (retried or fresh))  # 3. lane reports, acks -> store offsets
                 self._flow_control()  # 4. pause / resume
-                self._watch.check(self._broker_answers)  # 5. health: an outage confirmed, or over
+                self._watch.check(self._partitions.broker_answers)  # 5. health: an outage confirmed, or over
         finally:
             self._shutdown()
         return self.stats
@@ -201,20 +205,7 @@ class Worker:
     def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
         """The next offset each assigned partition will fetch (source or retry topic); call from
         the loop's thread (an `until` predicate). Unfetched or unassigned partitions are left out."""
-        out: dict[TP, int] = {}
-        for consumer in (self._consumer, self._retries):
-            mine = [
-                TopicPartition(t, p)
-                for t, p in tps
-                if (t, p) in self.stats.assigned and self._owns(consumer, t)
-            ]
-            if not mine:
-                continue
-            with contextlib.suppress(KafkaException):
-                out |= {
-                    (tp.topic, tp.partition): tp.offset for tp in consumer.position(mine) if tp.offset >= 0
-                }
-        return out
+        return self._partitions.positions(tps)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM / SIGINT stop the loop gracefully (call from the main thread)."""
@@ -286,8 +277,7 @@ class Worker:
         self.stats.fetched += admitted
         if via_retry:
             for (_, number), last in segments.items():
-                if self._gates.passed(number, last.last + 1):
-                    self._gate_opened(number)
+                self._partitions.retries_read(number, last.last + 1)
         for lane, chunk in zip(self._lanes, chunks, strict=True):
             if chunk.messages:
                 self._hand(lane, chunk)
@@ -311,9 +301,7 @@ class Worker:
 
     def _rewind(self, raw: Any, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
-        consumer = self._retries if via_retry else self._consumer
-        with contextlib.suppress(KafkaException):
-            consumer.seek(TopicPartition(raw.topic(), raw.partition(), raw.offset()))
+        self._partitions.rewind(raw, via_retry)
         self.stats.rewound += 1
 
     # -- 3. settle (loop thread) ----------------------------------------------------------
@@ -383,11 +371,10 @@ class Worker:
         self._hand(self._lanes[hash(message.ordering_key) % len(self._lanes)], Rehandle(message))
 
     def _store_offsets(self) -> None:
-        for (topic, partition), offset in self._offsets.take_stores().items():
-            consumer = self._retries if topic == self.retry_topic else self._consumer
-            with contextlib.suppress(KafkaException):  # revoked between settle and store
-                consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
-            self.stats.stored[(topic, partition)] = offset
+        stores = self._offsets.take_stores()
+        if stores:
+            self._partitions.store(stores)
+            self.stats.stored |= stores
 
     # -- lane callbacks (lane threads) ----------------------------------------------------
 
@@ -429,34 +416,11 @@ class Worker:
         now, in_flight = self._now_ms(), self._offsets.in_flight
         change = self._flow.update(in_flight, now)
         if change is not None:
-            self._pause_all(change is Change.PAUSE)
-        if self._gates.due(now) and self._watch.state().reachable:
-            self._read_gates()
+            self._partitions.pause_all(change is Change.PAUSE)
+        if self._partitions.gates.due(now) and self._watch.state().reachable:
+            self._partitions.read_gates()
         self.stats.in_flight = in_flight
         self.stats.last_loop_ms = now
-
-    def _pause_all(self, paused: bool) -> None:
-        """Pause every assigned partition, or resume those no retry gate holds."""
-        for consumer in (self._consumer, self._retries):
-            parts = [TopicPartition(t, p) for t, p in self.stats.assigned if self._owns(consumer, t)]
-            if not paused:
-                parts = [
-                    tp for tp in parts if tp.topic == self.retry_topic or tp.partition not in self._gates
-                ]
-            if parts:
-                (consumer.pause if paused else consumer.resume)(parts)
-
-    def _owns(self, consumer: ConsumerClient, topic: str) -> bool:
-        return (topic == self.retry_topic) == (consumer is self._retries)
-
-    def _broker_answers(self) -> bool:
-        """The connection watch's probe: a broker answers a metadata request (librdkafka sends
-        one; it waits up to the timeout for a broker to connect to)."""
-        try:
-            self._consumer.list_topics(self.topics[0], timeout=PROBE_TIMEOUT_S)
-        except KafkaException:
-            return False
-        return True
 
     # -- rebalances -------------------------------------------------------------------------
 
@@ -487,59 +451,7 @@ class Worker:
         if self._closing:  # a join that completed while _shutdown ran: close() revokes it again
             return
         self.stats.rebalances += 1
-        consumer.incremental_assign(partitions)
-        self.stats.assigned |= {(tp.topic, tp.partition) for tp in partitions}
-        numbers = {tp.partition for tp in partitions if tp.topic == self.topics[0]}
-        if numbers:
-            self._retries.incremental_assign([TopicPartition(self.retry_topic, n) for n in numbers])
-            self.stats.assigned |= {(self.retry_topic, n) for n in numbers}
-            self._close_gates(numbers)
-        if self._flow.paused:
-            self._pause_all(True)
-        else:
-            # librdkafka keeps a partition's pause flag across unassign/assign: one paused by flow
-            # control before a rebalance took it away would come back paused and never be read.
-            fresh = [tp for tp in partitions if tp.partition not in self._gates]
-            if fresh:
-                consumer.resume(fresh)
-            if numbers:
-                self._retries.resume([TopicPartition(self.retry_topic, n) for n in numbers])
-
-    def _close_gates(self, numbers: set[int]) -> None:
-        """Pause source partitions until their retry partition's pending records are read."""
-        self._gates.close(numbers)
-        self._read_gates()
-        gated = [
-            TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p in self._gates
-        ]
-        if gated:
-            self._consumer.pause(gated)
-
-    def _read_gates(self) -> None:
-        """Where each unread gate opens (consumers.runtime.gates). Offsets that cannot be read (a
-        broker just back from an outage) are read again from `_flow_control` a little later; their
-        source partitions wait meanwhile."""
-        numbers = self._gates.unread()
-        if not numbers:  # handed back meanwhile
-            self._gates.nothing_to_read()
-            return
-        parts = [TopicPartition(self.retry_topic, n) for n in numbers]
-        try:
-            done = {tp.partition: tp.offset for tp in self._retries.committed(parts, timeout=10)}
-            read = {tp.partition: tp.offset for tp in self._retries.position(parts)}
-            ends = {tp.partition: self._retries.get_watermark_offsets(tp, timeout=10) for tp in parts}
-        except KafkaException as exc:
-            level = logging.WARNING if self._gates.read_failed(self._now_ms()) else logging.DEBUG
-            log.log(level, "%s: retry partitions %s not read yet: %s", self.group_id, numbers, exc)
-            return
-        for number in self._gates.place(ends, done, read):
-            self._gate_opened(number)
-
-    def _gate_opened(self, number: int) -> None:
-        """Resume the source partitions with this number, unless flow control holds them."""
-        if not self._flow.paused:
-            parts = [TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p == number]
-            self._consumer.resume(parts)
+        self._partitions.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         if self._closing:  # close() revokes everything after _shutdown committed it
@@ -556,18 +468,13 @@ class Worker:
     def _hand_back(self, partitions: list[Any], commit: bool) -> None:
         """Skip unstarted events of revoked partitions, let running ones finish, commit."""
         self.stats.rebalances += 1
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        numbers = {p for t, p in revoked if t == self.topics[0]}
-        revoked |= {(self.retry_topic, n) for n in numbers}
+        revoked, numbers = self._partitions.taken(partitions)
         self._revoke(revoked, numbers)
         if commit:
             self._commit()
         for tp in revoked:
-            self.stats.assigned.discard(tp)
             self._offsets.drop(tp)
-        self._gates.drop(numbers)
-        if numbers:
-            self._retries.incremental_unassign([TopicPartition(self.retry_topic, n) for n in numbers])
+        self._partitions.unassign(revoked, numbers)
 
     def _revoke(self, revoked: set[TP], retry_numbers: set[int]) -> None:
         """Mark events of `revoked` to be skipped, tell every lane, wait until all report back."""
@@ -590,28 +497,21 @@ class Worker:
     def _commit(self) -> None:
         """Step 4, synchronously: what was stored is committed before partitions move."""
         self._store_offsets()
-        for consumer in (self._consumer, self._retries):
-            with contextlib.suppress(KafkaException):  # _NO_OFFSET: nothing stored since the last commit
-                consumer.commit(asynchronous=False)
+        self._partitions.commit()
 
     def _shutdown(self) -> None:
         """Stop fetching, finish running work, commit, leave the group, stop the lanes."""
         self._flow.hold()
-        self._pause_all(True)
+        self._partitions.pause_all(True)
         self._revoke(set(self.stats.assigned), set())
         self._commit()
         for lane in self._lanes if self._threads else ():
             lane.inbox.put(STOP)
         for thread in self._threads:
             thread.join(timeout=self._runtime.shutdown_timeout_s)
-        # close() runs the callbacks still due, such as the assignment of a rejoin that completed
-        # while the loop was busy; they use `_retries`, which is closed after the group consumer.
+        # close() runs the callbacks still due (Partitions.close): they find `_closing` set.
         self._closing = True
-        for consumer in (self._consumer, self._retries):
-            try:
-                consumer.close()
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("%s: closing a consumer: %s", self.group_id, exc)
+        self._partitions.close()
         if self._callback_failure is not None:
             failure = self._callback_failure
             log.warning("%s: a rebalance callback failed in close(): %r", self.group_id, failure)
