@@ -23,54 +23,17 @@ import itertools
 import queue
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
 from typing import Any
 
 from consumers.runtime import headers as hdr
+from consumers.runtime.handoff import Chunk, LaneItem, LaneReport, Revoke, Stop
 from consumers.runtime.message import Decoder, Event, Handler
+from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 
-SEGMENT_EVENTS = 100  # offsets advance a segment at a time: this bounds how far a commit lags
-
-
-class Segment:
-    """Consecutive events of one partition fetched together; settled as a count."""
-
-    __slots__ = ("closed", "hole", "last", "pending", "revoked", "tp")
-
-    def __init__(self, tp: tuple[str, int]) -> None:
-        self.tp = tp
-        self.last = -1
-        self.pending = 0
-        self.revoked = False  # the partition moved away: its unstarted events are skipped
-        self.closed = False  # no longer tracked by the loop: late settlements are ignored
-        self.hole: int | None = None  # lowest offset skipped (not handled) after a revoke
-
-    @property
-    def full(self) -> bool:
-        return self.pending >= SEGMENT_EVENTS
-
-
-@dataclass
-class LaneReport:
-    """What one `process` call did, sent from the lane thread to the loop."""
-
-    settled: dict[Segment, int] = field(default_factory=dict)  # handled, no result events
-    awaiting_acks: list[Event] = field(default_factory=list)  # handled, result events in flight
-    skipped: list[Event] = field(default_factory=list)  # of revoked partitions, not handled
-    handled: int = 0
-    answers: bool = True  # False: the lane woke up for a delayed retry; nothing was handed to it
-
-
-@dataclass
-class Chunk:
-    """Events for one lane from one poll: the messages, each one's segment, and their source."""
-
-    messages: list[Any] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
-    via_retry: bool = False
+__all__ = ["Chunk", "Lane", "LaneContext", "LaneReport", "Reroute", "Segment"]  # Segment: older imports
 
 
 class LaneContext:
@@ -132,7 +95,6 @@ def _deferred_done(
 
 
 Reroute = Callable[[Event, BaseException, str], Route]  # produce retry / DLQ record, say which
-STOP = object()
 
 
 class Lane:
@@ -148,7 +110,7 @@ class Lane:
         clock_ms: Callable[[], int],
         report: Callable[[LaneReport], None],
     ) -> None:
-        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[LaneItem | Stop] = queue.SimpleQueue()
         self._handler, self._decoder, self._context = handler, decoder, context
         self._reroute, self._parks_retries = reroute, parks_retries
         self._clock_ms, self._report = clock_ms, report
@@ -171,23 +133,23 @@ class Lane:
                 report.answers = False
                 self._report(report)
                 continue
-            if item is STOP:
+            if isinstance(item, Stop):
                 return
             self._report(self.process(item))
 
-    def process(self, item: Chunk | tuple[str, Any]) -> LaneReport:
+    def process(self, item: LaneItem) -> LaneReport:
         """Handle a chunk of events (or a notice), then any retries that came due.
 
-        Notices: ("revoke", retry partition numbers) after a rebalance took partitions away;
-        ("rehandle", event) when a failed event's retry record could not be produced.
+        Notices (consumers.runtime.handoff): `Revoke` after a rebalance took partitions away;
+        `Rehandle` when a failed event's retry record could not be produced.
         """
         report = LaneReport()
         if isinstance(item, Chunk):
             self._run(item, report)
-        elif item[0] == "revoke":
-            self._forget(item[1], report)
+        elif isinstance(item, Revoke):
+            self._forget(item.retry_partitions, report)
         else:
-            self._rehandle(item[1], report)
+            self._rehandle(item.event, report)
         now = self._clock_ms()
         while self._delayed and self._delayed[0][0] <= now:
             self._handle_event(heapq.heappop(self._delayed)[2], report)
@@ -293,7 +255,7 @@ class Lane:
         for later in waiting:
             self._offer(later, report)
 
-    def _forget(self, retry_partitions: set[int], report: LaneReport) -> None:
+    def _forget(self, retry_partitions: frozenset[int], report: LaneReport) -> None:
         """A revoke: drop events of revoked partitions; stop waiting for retries that moved."""
         report.skipped += [d[2] for d in self._delayed if d[2].segment.revoked]
         self._delayed = [d for d in self._delayed if not d[2].segment.revoked]

@@ -21,99 +21,74 @@ retries, and the key's later events wait in its lane until the retried one is ha
 assignment, a source partition stays paused until the pending retries of its number have
 been read, so a new owner learns which keys are waiting before it handles later events.
 
+The loop is the wiring; the decisions are made by pure parts, each unit-tested on its own:
+offsets and holes (consumers.runtime.offsets), retry gates (gates), flow control (flow), the
+messages between the loop and its lanes (handoff). Calls on the two consumers that name
+partitions go through `Partitions` (partitions). The Kafka clients come from factories
+(consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
+What is left here (about 500 lines, most of them comments) is one thing: the steps of a turn,
+the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
+outstanding work, and read in order as the story of a message.
+
 The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka_connection):
 a broker outage is logged once when it starts and once when it ends, and shows in `health()`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import random
 import signal
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 
-from consumers.runtime.lanes import SEGMENT_EVENTS as FULL
-from consumers.runtime.lanes import STOP, Chunk, Lane, LaneContext, LaneReport, Segment
+from consumers.runtime.clients import ConsumerFactory, ProducerFactory, kafka_consumer, kafka_producer
+from consumers.runtime.flow import Change, Flow
+from consumers.runtime.handoff import (
+    STOP,
+    Acked,
+    Chunk,
+    LaneDone,
+    LaneItem,
+    LaneReport,
+    Rehandle,
+    Rerouted,
+    Revoke,
+    Settlement,
+)
+from consumers.runtime.lanes import Lane, LaneContext
 from consumers.runtime.message import Decoder, Event, Handler
+from consumers.runtime.offsets import SEGMENT_EVENTS as FULL
+from consumers.runtime.offsets import TP, Offsets, Segment
+from consumers.runtime.partitions import Partitions
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
+from consumers.runtime.stats import RunStats, WorkerHealth
 from docstream import kafka_config
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka_connection import ConnectionWatch
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
-TP = tuple[str, int]
-FETCH_BATCH = 1000
-PAUSE_AFTER_MS = 200  # a window full this long pauses fetching
-PROBE_TIMEOUT_S = 0.5  # the connection watch's metadata probe, while the brokers do not answer
-UNREAD = sys.maxsize  # the gate of a retry partition whose offsets could not be read yet
-READ_GATES_AGAIN_MS = 2000
+__all__ = ["RunStats", "Worker", "WorkerHealth"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class RunStats:
-    """What a worker has done so far; read by tests, `until` predicates and health checks."""
-
-    fetched: int = 0
-    handled: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    rewound: int = 0
-    rebalances: int = 0
-    in_flight: int = 0
-    last_loop_ms: int = 0
-    assigned: set[TP] = field(default_factory=set)
-    stored: dict[TP, int] = field(default_factory=dict)  # the next offset to read, once stored
-
-
-@dataclass(frozen=True)
-class WorkerHealth:
-    """A worker's state for a health check (`Worker.health`, `docstream worker --health-port`)."""
-
-    group_id: str
-    broker_reachable: bool
-    broker_down_since: datetime | None
-    partitions: int  # source partitions assigned
-    in_flight: int
-    last_loop_at: datetime | None  # None before the loop's first turn
-    loop_stuck: bool  # the loop has not turned for longer than max.poll.interval.ms
-
-    @property
-    def ok(self) -> bool:
-        return self.broker_reachable and not self.loop_stuck
-
-    def as_dict(self) -> dict[str, Any]:
-        def iso(at: datetime | None) -> str | None:
-            return None if at is None else at.isoformat(timespec="milliseconds")
-
-        return {
-            "status": "ok" if self.ok else "degraded",
-            "group": self.group_id,
-            "broker": {"reachable": self.broker_reachable, "down_since": iso(self.broker_down_since)},
-            "partitions": self.partitions,
-            "in_flight": self.in_flight,
-            "last_loop_at": iso(self.last_loop_at),
-            "loop_stuck": self.loop_stuck,
-        }
-
-
 class Worker:
-    """One member of a consumer group, running `handler` on every message of `topics`."""
+    """One member of a consumer group, running `handler` on every message of `topics`.
+
+    `consumer_factory` / `producer_factory` build the clients from their configuration (default:
+    confluent-kafka's); the consumer factory is called for the group's consumer, then the retry
+    consumer's (`group.id` `<group>.retry`).
+    """
 
     def __init__(
         self,
@@ -128,6 +103,8 @@ class Worker:
         rng: random.Random | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         dead_letter_to: str | None = None,
+        consumer_factory: ConsumerFactory = kafka_consumer,
+        producer_factory: ProducerFactory = kafka_producer,
     ) -> None:
         if not topics:
             raise ConfigurationError("a worker needs at least one topic")
@@ -140,10 +117,11 @@ class Worker:
         self._runtime, self._clock, self._rng = runtime, clock, rng or random.Random()
         self._watch = ConnectionWatch(group_id, clock=clock)
         conf = partial(self._consumer_config, connection, overrides=consumer_overrides)
-        self._consumer, self._retries = Consumer(conf(group_id)), Consumer(conf(retry_group_id(group_id)))
+        self._consumer = consumer_factory(conf(group_id))
+        self._retries = consumer_factory(conf(retry_group_id(group_id)))
         producer = kafka_config.producer_config(connection, **{"linger.ms": 1})
-        self._producer = Producer(kafka_config.watched(producer, self._watch))
-        self._done: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._producer = producer_factory(kafka_config.watched(producer, self._watch))
+        self._done: queue.SimpleQueue[Settlement] = queue.SimpleQueue()
         self._lanes = [
             Lane(
                 handler,
@@ -152,7 +130,7 @@ class Worker:
                 self._reroute,
                 self._parks_retries,
                 self._now_ms,
-                lambda report: self._done.put(("lane", report)),
+                lambda report: self._done.put(LaneDone(report)),
             )
             for _ in range(runtime.concurrency)
         ]
@@ -164,18 +142,23 @@ class Worker:
             for i, lane in enumerate(self._lanes)
             if not self._inline
         ]
-        self._segments: dict[TP, deque[Segment]] = {}
-        self._to_store: dict[TP, int] = {}
-        self._in_flight = 0  # fetched, not yet settled
+        self._offsets = Offsets()  # segments in flight per partition, offsets to store
+        self._flow = Flow(runtime.max_in_flight)
         self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
         self._callback_failure: Exception | None = None  # raised by a rebalance callback (_guarded)
-        self._gates: dict[int, int] = {}  # retry partition -> end offset to read before its source runs
-        self._read_gates_at = 0  # when to read the offsets of UNREAD gates again (ms; 0: none)
-        self._retry_numbers: set[int] = set()  # retry partitions assigned to `_retries`
-        self._flow_paused = self._closing = False
-        self._full_since = 0  # when the window became full (ms), 0 while it has room
+        self._closing = False
         self._stop = threading.Event()
         self.stats = RunStats()
+        self._partitions = Partitions(
+            group_id=group_id,
+            topics=self.topics,
+            retry_topic=self.retry_topic,
+            consumer=self._consumer,
+            retries=self._retries,
+            assigned=self.stats.assigned,
+            flow=self._flow,
+            now_ms=self._now_ms,
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -196,7 +179,7 @@ class Worker:
                 self._admit(fresh, via_retry=False)
                 self._settle(block=not (retried or fresh))  # 3. lane reports, acks -> store offsets
                 self._flow_control()  # 4. pause / resume
-                self._watch.check(self._broker_answers)  # 5. health: an outage confirmed, or over
+                self._watch.check(self._partitions.broker_answers)  # 5. health: an outage confirmed, or over
         finally:
             self._shutdown()
         return self.stats
@@ -214,7 +197,7 @@ class Worker:
             broker_reachable=connection.reachable,
             broker_down_since=connection.down_since,
             partitions=sum(1 for topic, _ in self.stats.assigned.copy() if topic in self.topics),
-            in_flight=self._in_flight,
+            in_flight=self._offsets.in_flight,
             last_loop_at=datetime.fromtimestamp(last_ms / 1000, UTC) if last_ms else None,
             loop_stuck=bool(last_ms) and self._now_ms() - last_ms > stuck_after_s * 1000,
         )
@@ -222,20 +205,7 @@ class Worker:
     def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
         """The next offset each assigned partition will fetch (source or retry topic); call from
         the loop's thread (an `until` predicate). Unfetched or unassigned partitions are left out."""
-        out: dict[TP, int] = {}
-        for consumer in (self._consumer, self._retries):
-            mine = [
-                TopicPartition(t, p)
-                for t, p in tps
-                if (t, p) in self.stats.assigned and self._owns(consumer, t)
-            ]
-            if not mine:
-                continue
-            with contextlib.suppress(KafkaException):
-                out |= {
-                    (tp.topic, tp.partition): tp.offset for tp in consumer.position(mine) if tp.offset >= 0
-                }
-        return out
+        return self._partitions.positions(tps)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM / SIGINT stop the loop gracefully (call from the main thread)."""
@@ -246,10 +216,10 @@ class Worker:
 
     def _poll(self) -> tuple[list[Any], list[Any]]:
         """Retry-topic events and source events, together no more than the window has room for."""
-        room = min(self._runtime.max_in_flight - self._in_flight, FETCH_BATCH)
+        room = self._flow.room(self._offsets.in_flight)
         if room <= 0:
-            if not self._flow_paused:
-                return [], []  # full for a moment: let the lanes catch up (see _flow_control)
+            if not self._flow.paused:
+                return [], []  # full for a moment: let the lanes catch up (consumers.runtime.flow)
             for raw in self._consumer.consume(1, 0.05):  # paused: serves rebalances, heartbeats
                 self._rewind(raw, via_retry=False)  # fetched before the pause took effect
             self._raise_callback_failure()
@@ -303,11 +273,11 @@ class Worker:
             chunk.messages.append(raw)
             chunk.segments.append(segment)
             admitted += 1
-        self._in_flight += admitted
+        self._offsets.admitted(admitted)
         self.stats.fetched += admitted
         if via_retry:
             for (_, number), last in segments.items():
-                self._open_gate(number, last.last + 1)
+                self._partitions.retries_read(number, last.last + 1)
         for lane, chunk in zip(self._lanes, chunks, strict=True):
             if chunk.messages:
                 self._hand(lane, chunk)
@@ -318,11 +288,10 @@ class Worker:
         if segment is None or segment.full:
             if tp not in self.stats.assigned:
                 return None
-            segment = segments[tp] = Segment(tp)
-            self._segments.setdefault(tp, deque()).append(segment)
+            segment = segments[tp] = self._offsets.open(tp)
         return segment
 
-    def _hand(self, lane: Lane, item: Chunk | tuple[str, Any]) -> None:
+    def _hand(self, lane: Lane, item: LaneItem) -> None:
         """Give a lane work: through its inbox, or at once when it runs in this thread."""
         self._outstanding += 1
         if self._inline:
@@ -332,9 +301,7 @@ class Worker:
 
     def _rewind(self, raw: Any, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
-        consumer = self._retries if via_retry else self._consumer
-        with contextlib.suppress(KafkaException):
-            consumer.seek(TopicPartition(raw.topic(), raw.partition(), raw.offset()))
+        self._partitions.rewind(raw, via_retry)
         self.stats.rewound += 1
 
     # -- 3. settle (loop thread) ----------------------------------------------------------
@@ -350,12 +317,12 @@ class Worker:
             except queue.Empty:
                 break
             timeout = 0.0
-            if item[0] == "lane":
-                self._settle_lane(item[1])
-            elif item[0] == "ack":
-                self._settle_ack(item[1], item[2])
+            if isinstance(item, LaneDone):
+                self._settle_lane(item.report)
+            elif isinstance(item, Acked):
+                self._settle_ack(item.event, item.error)
             else:
-                self._settle_reroute(item[1], item[2], item[3])
+                self._settle_reroute(item.event, item.route, item.error)
         self._store_offsets()
 
     def _settle_lane(self, report: LaneReport) -> None:
@@ -367,14 +334,12 @@ class Worker:
             self._outstanding -= 1
         self.stats.handled += report.handled
         for segment, count in report.settled.items():
-            self._settle_segment(segment, count)
+            self._offsets.settle(segment, count)
         for event in report.awaiting_acks:
             event.handled = True
             self._maybe_finish(event)
         for event in report.skipped:
-            segment, offset = event.segment, event.raw.offset()
-            segment.hole = offset if segment.hole is None else min(segment.hole, offset)
-            self._settle_segment(segment, 1)
+            self._offsets.skip(event.segment, event.raw.offset())
 
     def _settle_ack(self, event: Event, err: Any) -> None:
         event.acked += 1
@@ -391,7 +356,7 @@ class Worker:
         if event.failure is not None:
             self._reroute(event, event.failure, "")
         else:
-            self._settle_segment(event.segment, 1)
+            self._offsets.settle(event.segment, 1)
 
     def _settle_reroute(self, message: Event, decision: Route, err: Any) -> None:
         if err is None:
@@ -399,40 +364,22 @@ class Worker:
                 self.stats.retried += 1
             else:
                 self.stats.dead_lettered += 1
-            self._settle_segment(message.segment, 1)
+            self._offsets.settle(message.segment, 1)
             return
         # The retry / dead-letter record was not stored: handle the message again instead.
         message.emitted, message.acked, message.failure, message.handled = 0, 0, None, False
-        self._hand(self._lanes[hash(message.ordering_key) % len(self._lanes)], ("rehandle", message))
-
-    def _settle_segment(self, segment: Segment, count: int) -> None:
-        if segment.closed:
-            return  # its partition was revoked and handed back meanwhile
-        segment.pending -= count
-        self._in_flight -= count
-        if segment.pending:
-            return
-        queue_ = self._segments.get(segment.tp)
-        while queue_ and queue_[0].pending == 0:
-            head = queue_.popleft()
-            if head.hole is not None:  # a revoke skipped this offset: nothing after it is done
-                self._to_store[segment.tp] = head.hole
-                queue_.clear()
-                break
-            self._to_store[segment.tp] = head.last + 1
+        self._hand(self._lanes[hash(message.ordering_key) % len(self._lanes)], Rehandle(message))
 
     def _store_offsets(self) -> None:
-        for (topic, partition), offset in self._to_store.items():
-            consumer = self._retries if topic == self.retry_topic else self._consumer
-            with contextlib.suppress(KafkaException):  # revoked between settle and store
-                consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
-            self.stats.stored[(topic, partition)] = offset
-        self._to_store.clear()
+        stores = self._offsets.take_stores()
+        if stores:
+            self._partitions.store(stores)
+            self.stats.stored |= stores
 
     # -- lane callbacks (lane threads) ----------------------------------------------------
 
     def _on_ack(self, event: Event, err: Any, _msg: Any) -> None:
-        self._done.put(("ack", event, err))
+        self._done.put(Acked(event, err))
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -460,54 +407,20 @@ class Worker:
         return decision
 
     def _on_reroute_ack(self, message: Event, decision: Route, err: Any, _msg: Any) -> None:
-        self._done.put(("reroute", message, decision, err))
+        self._done.put(Rerouted(message, decision, err))
 
     # -- 4. flow control ------------------------------------------------------------------
 
     def _flow_control(self) -> None:
-        """Pause every partition once the window has stayed full for PAUSE_AFTER_MS.
-
-        A window that is full for a moment (fast handlers) only skips a fetch: pausing would
-        cost a refetch of up to fetch.wait.max.ms on resume. One that stays full (slow handlers)
-        is paused, so that the loop can keep polling for rebalances without fetching more.
-        Retry gates whose offsets could not be read are read again here (`_read_gates`).
-        """
-        now = self._now_ms()
-        if self._in_flight < self._runtime.max_in_flight:
-            self._full_since = 0
-        elif not self._full_since:
-            self._full_since = now
-        if not self._flow_paused and self._full_since and now - self._full_since >= PAUSE_AFTER_MS:
-            self._set_paused(True)
-        elif self._flow_paused and self._in_flight <= self._runtime.max_in_flight * 3 // 4:
-            self._set_paused(False)
-        if self._read_gates_at and now >= self._read_gates_at and self._watch.state().reachable:
-            self._read_gates()
-        self.stats.in_flight = self._in_flight
+        """Pause or resume fetching as `Flow` decides; read unreadable retry gates again."""
+        now, in_flight = self._now_ms(), self._offsets.in_flight
+        change = self._flow.update(in_flight, now)
+        if change is not None:
+            self._partitions.pause_all(change is Change.PAUSE)
+        if self._partitions.gates.due(now) and self._watch.state().reachable:
+            self._partitions.read_gates()
+        self.stats.in_flight = in_flight
         self.stats.last_loop_ms = now
-
-    def _set_paused(self, paused: bool) -> None:
-        self._flow_paused = paused
-        for consumer in (self._consumer, self._retries):
-            parts = [TopicPartition(t, p) for t, p in self.stats.assigned if self._owns(consumer, t)]
-            if not paused:
-                parts = [
-                    tp for tp in parts if tp.topic == self.retry_topic or tp.partition not in self._gates
-                ]
-            if parts:
-                (consumer.pause if paused else consumer.resume)(parts)
-
-    def _owns(self, consumer: Any, topic: str) -> bool:
-        return (topic == self.retry_topic) == (consumer is self._retries)
-
-    def _broker_answers(self) -> bool:
-        """The connection watch's probe: a broker answers a metadata request (librdkafka sends
-        one; it waits up to the timeout for a broker to connect to)."""
-        try:
-            self._consumer.list_topics(self.topics[0], timeout=PROBE_TIMEOUT_S)
-        except KafkaException:
-            return False
-        return True
 
     # -- rebalances -------------------------------------------------------------------------
 
@@ -538,67 +451,7 @@ class Worker:
         if self._closing:  # a join that completed while _shutdown ran: close() revokes it again
             return
         self.stats.rebalances += 1
-        consumer.incremental_assign(partitions)
-        self.stats.assigned |= {(tp.topic, tp.partition) for tp in partitions}
-        numbers = {tp.partition for tp in partitions if tp.topic == self.topics[0]}
-        if numbers:
-            self._retries.incremental_assign([TopicPartition(self.retry_topic, n) for n in numbers])
-            self.stats.assigned |= {(self.retry_topic, n) for n in numbers}
-            self._retry_numbers |= numbers
-            self._close_gates(numbers)
-        if self._flow_paused:
-            self._set_paused(True)
-        else:
-            # librdkafka keeps a partition's pause flag across unassign/assign: one paused by flow
-            # control before a rebalance took it away would come back paused and never be read.
-            fresh = [tp for tp in partitions if tp.partition not in self._gates]
-            if fresh:
-                consumer.resume(fresh)
-            if numbers:
-                self._retries.resume([TopicPartition(self.retry_topic, n) for n in numbers])
-
-    def _close_gates(self, numbers: set[int]) -> None:
-        """Pause source partitions until their retry partition's pending records are read."""
-        self._gates |= dict.fromkeys(numbers, UNREAD)
-        self._read_gates()
-        gated = [
-            TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p in self._gates
-        ]
-        if gated:
-            self._consumer.pause(gated)
-
-    def _read_gates(self) -> None:
-        """Where each UNREAD gate opens: at the end of its retry partition, or at once when nothing
-        past what was committed or read is pending there. Offsets that cannot be read (a broker
-        just back from an outage) are read again from `_flow_control` a little later; their source
-        partitions wait meanwhile."""
-        parts = [TopicPartition(self.retry_topic, n) for n, end in self._gates.items() if end == UNREAD]
-        if not parts:  # handed back meanwhile
-            self._read_gates_at = 0
-            return
-        try:
-            done = {tp.partition: tp.offset for tp in self._retries.committed(parts, timeout=10)}
-            read = {tp.partition: tp.offset for tp in self._retries.position(parts)}
-            ends = {tp.partition: self._retries.get_watermark_offsets(tp, timeout=10) for tp in parts}
-        except KafkaException as exc:
-            again, self._read_gates_at = self._read_gates_at, self._now_ms() + READ_GATES_AGAIN_MS
-            numbers = [tp.partition for tp in parts]
-            level = logging.DEBUG if again else logging.WARNING
-            log.log(level, "%s: retry partitions %s not read yet: %s", self.group_id, numbers, exc)
-            return
-        self._read_gates_at = 0
-        for n, (low, high) in ends.items():
-            self._gates[n] = high
-            self._open_gate(n, max(done.get(n, -1), read.get(n, -1), low))
-
-    def _open_gate(self, number: int, position: int) -> None:
-        if number in self._gates and position >= self._gates[number]:
-            del self._gates[number]
-            if not self._flow_paused:
-                parts = [
-                    TopicPartition(t, p) for t, p in self.stats.assigned if t in self.topics and p == number
-                ]
-                self._consumer.resume(parts)
+        self._partitions.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         if self._closing:  # close() revokes everything after _shutdown committed it
@@ -615,30 +468,20 @@ class Worker:
     def _hand_back(self, partitions: list[Any], commit: bool) -> None:
         """Skip unstarted events of revoked partitions, let running ones finish, commit."""
         self.stats.rebalances += 1
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        numbers = {p for t, p in revoked if t == self.topics[0]}
-        revoked |= {(self.retry_topic, n) for n in numbers}
+        revoked, numbers = self._partitions.taken(partitions)
         self._revoke(revoked, numbers)
         if commit:
             self._commit()
         for tp in revoked:
-            self.stats.assigned.discard(tp)
-            for segment in self._segments.pop(tp, ()):
-                self._in_flight -= segment.pending
-                segment.closed = True
-        for n in numbers:
-            self._gates.pop(n, None)
-        if numbers:
-            self._retries.incremental_unassign([TopicPartition(self.retry_topic, n) for n in numbers])
-            self._retry_numbers -= numbers
+            self._offsets.drop(tp)
+        self._partitions.unassign(revoked, numbers)
 
     def _revoke(self, revoked: set[TP], retry_numbers: set[int]) -> None:
         """Mark events of `revoked` to be skipped, tell every lane, wait until all report back."""
-        for tp in revoked:
-            for segment in self._segments.get(tp, ()):
-                segment.revoked = True
+        self._offsets.revoke(revoked)
+        notice = Revoke(frozenset(retry_numbers))
         for lane in self._lanes:
-            self._hand(lane, ("revoke", retry_numbers))
+            self._hand(lane, notice)
         self._drain()
 
     # -- shutdown -------------------------------------------------------------------------
@@ -654,27 +497,21 @@ class Worker:
     def _commit(self) -> None:
         """Step 4, synchronously: what was stored is committed before partitions move."""
         self._store_offsets()
-        for consumer in (self._consumer, self._retries):
-            with contextlib.suppress(KafkaException):  # _NO_OFFSET: nothing stored since the last commit
-                consumer.commit(asynchronous=False)
+        self._partitions.commit()
 
     def _shutdown(self) -> None:
         """Stop fetching, finish running work, commit, leave the group, stop the lanes."""
-        self._set_paused(True)
+        self._flow.hold()
+        self._partitions.pause_all(True)
         self._revoke(set(self.stats.assigned), set())
         self._commit()
         for lane in self._lanes if self._threads else ():
             lane.inbox.put(STOP)
         for thread in self._threads:
             thread.join(timeout=self._runtime.shutdown_timeout_s)
-        # close() runs the callbacks still due, such as the assignment of a rejoin that completed
-        # while the loop was busy; they use `_retries`, which is closed after the group consumer.
+        # close() runs the callbacks still due (Partitions.close): they find `_closing` set.
         self._closing = True
-        for consumer in (self._consumer, self._retries):
-            try:
-                consumer.close()
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("%s: closing a consumer: %s", self.group_id, exc)
+        self._partitions.close()
         if self._callback_failure is not None:
             failure = self._callback_failure
             log.warning("%s: a rebalance callback failed in close(): %r", self.group_id, failure)

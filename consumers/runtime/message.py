@@ -12,12 +12,10 @@ one that failed. Most events never need one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from consumers.runtime import headers as hdr
-
-if TYPE_CHECKING:
-    from consumers.runtime.lanes import Segment
+from consumers.runtime.offsets import Segment
 
 _NO_HEADERS: dict[str, str] = {}  # shared by events that did not come through the retry topic
 

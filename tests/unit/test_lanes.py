@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consumers.runtime import headers as hdr
-from consumers.runtime.lanes import Chunk, Lane, LaneContext, LaneReport, Segment
+from consumers.runtime.handoff import Chunk, LaneReport, Revoke
+from consumers.runtime.lanes import Lane, LaneContext
 from consumers.runtime.message import Event
+from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 from docstream.errors import PermanentError, TransientError
 
@@ -146,7 +148,7 @@ def test_a_revoke_skips_unstarted_events_and_releases_keys_waiting_on_moved_retr
     late = (FakeRaw(b"k", b"k-ocr", 7, topic_="doc.ocr.done"), Segment(("doc.ocr.done", 0)), False)
     h.process(h.message(b"k", b"k-1", 0), h.message(b"k", b"k-2", 1), late)
     h.segment.revoked = True
-    report = h.lane.process(("revoke", {0}))
+    report = h.lane.process(Revoke(frozenset({0})))
     assert [e.raw.value() for e in report.skipped] == [b"k-2"]
     assert h.handled == [b"k-ocr"], "events of partitions kept run once their key stops waiting"
     assert h.lane.parked_keys == set()
