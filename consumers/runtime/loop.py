@@ -109,7 +109,7 @@ class Worker:
         if not topics:
             raise ConfigurationError("a worker needs at least one topic")
         self.group_id, self.topics = group_id, list(topics)
-        # A side replay (consumers.replay) dead-letters into the live group's topic.
+        # A side replay (consumers.ops.replay) dead-letters into the live group's topic.
         self.retry_topic, self.dlq_topic = (
             retry_topic(group_id),
             dead_letter_to or dead_letter_topic(group_id),
