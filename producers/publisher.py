@@ -46,7 +46,7 @@ from confluent_kafka import KafkaException, Message, Producer
 from docstream import validation
 from docstream.blobstore import BlobStore
 from docstream.errors import ConfigurationError, DeliveryError, InvalidEventError, KafkaError, PublishTimeout
-from docstream.kafka_config import connection_config, producer_config
+from docstream.kafka.config import connection_config, producer_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
@@ -113,7 +113,7 @@ def _key_bytes(key: str | bytes | None, record: Mapping[str, Any]) -> bytes:
 class Publisher:
     """A durable, idempotent, Java-compatibly keyed Kafka producer for docstream events.
 
-    `connection` is `docstream.kafka_config.connection_config(settings)`. The codec is needed
+    `connection` is `docstream.kafka.config.connection_config(settings)`. The codec is needed
     by `publish`/`publish_async` (not by the raw methods); the blob store by
     `publish_document`. `clock` and `random_bytes` supply `uploaded_at`, document ids and
     trace ids. `overrides` are extra librdkafka settings (e.g. `message.timeout.ms`).

@@ -53,7 +53,7 @@ from consumers.ops.health import (
 )
 from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy, hpa_signal
 from docstream.errors import DocstreamError, KafkaError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.topology import GROUPS, group_id
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from consumers.ops.dlq.entries import DeadLetter, Ref, redriven_sources
 from consumers.runtime import headers as hdr
 from docstream.errors import ConfigurationError, KafkaError
-from docstream.ranges import read_ranges, reader_config
+from docstream.kafka.ranges import read_ranges, reader_config
 from docstream.topology import dead_letter_topic, retry_topic
 
 Progress = Callable[[str, int, int], None]  # (topic, records read, records to read)

@@ -20,8 +20,8 @@ from confluent_kafka import KafkaException, Producer
 
 from consumers.ops.dlq.entries import DeadLetter, redrive_headers, show_bytes
 from consumers.ops.dlq.reader import DeadLetters
-from docstream import kafka_config
 from docstream.errors import ConfigurationError, DeliveryError, KafkaError
+from docstream.kafka import config as kafka_config
 
 REDRIVE = "redrive"
 SKIP = "skip"

@@ -18,8 +18,8 @@ from consumers.ops.replay.plan import TP
 from docstream.blobstore import BlobStore
 from docstream.errors import DocstreamError
 from docstream.idempotency import idempotency_key
-from docstream.ranges import read_ranges as ranges_of
-from docstream.ranges import reader_config
+from docstream.kafka.ranges import read_ranges as ranges_of
+from docstream.kafka.ranges import reader_config
 from docstream.topology import OCR_DONE
 from schemas.codec import Codec
 
