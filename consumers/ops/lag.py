@@ -35,7 +35,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka import KafkaError as KafkaErrorCode
-from confluent_kafka.admin import AdminClient
 
 from consumers.ops.health import (
     DEFAULT_INTERVALS,
@@ -53,7 +52,9 @@ from consumers.ops.health import (
 )
 from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy, hpa_signal
 from docstream.errors import DocstreamError, KafkaError
+from docstream.kafka import clients
 from docstream.kafka.config import connection_config
+from docstream.kafka.errors import code, translate
 from docstream.topology import GROUPS, group_id
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ __all__ = [
 
 def offset_lag(connection: dict[str, Any], group_id: str, topics: list[str], timeout: float = 10.0) -> int:
     """Sum over the topics' partitions of end offset minus committed offset (nothing committed = 0)."""
-    consumer = Consumer({**connection, "group.id": group_id, "enable.auto.commit": False})
+    consumer = clients.consumer(connection, **{"group.id": group_id, "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(timeout=timeout)
         parts = [
@@ -105,7 +106,7 @@ def offset_lag(connection: dict[str, Any], group_id: str, topics: list[str], tim
             lag += high - (start if start >= 0 else low)
         return lag
     except KafkaException as exc:
-        raise KafkaError(f"cannot read the lag of group {group_id}: {exc}") from exc
+        raise translate(exc, f"cannot read the lag of group {group_id}") from exc
     finally:
         consumer.close()
 
@@ -527,8 +528,8 @@ class LagMonitor:
         self.intervals = intervals
         self.allowed_lag = allowed_lag
         self.last: LagSnapshot | None = None
-        admin_conf: dict[str, Any] = {"logger": _LIBRDKAFKA_LOG, **self.connection}
-        self._admin = AdminClient(admin_conf)
+        # librdkafka's default log level: every line goes to the debug logger (_DebugLog)
+        self._admin = clients.admin_client({"logger": _LIBRDKAFKA_LOG, **self.connection}, log_level=6)
         self._reader: Consumer | None = None
         self._groups: dict[str, _GroupState] = {}
         self._estimators: dict[TopicPartitionKey, TimeLagEstimator] = {}
@@ -593,9 +594,10 @@ class LagMonitor:
             partitions_of = self._topic_partitions({topic for ts in topics_of.values() for topic in ts})
         except (KafkaException, concurrent.futures.TimeoutError) as exc:
             self._coordinated.clear()  # a coordinator may have moved: ask through a consumer again
-            raise KafkaError(
-                f"cannot read consumer groups from the cluster at {self._bootstrap}: {exc or 'timed out'}"
-            ) from exc
+            doing = f"cannot read consumer groups from the cluster at {self._bootstrap}"
+            if isinstance(exc, KafkaException):
+                raise translate(exc, doing) from exc
+            raise KafkaError(f"{doing}: timed out", retriable=True) from exc
 
         group_tps = {
             g: [(t, p) for t in topics for p in partitions_of.get(t, ())] for g, topics in topics_of.items()
@@ -661,14 +663,8 @@ class LagMonitor:
         after a sample failed. Raises KafkaException when the coordinator does not answer.
         """
         topic = target.topics[0] if target.topics else "__consumer_offsets"
-        consumer = Consumer(
-            {
-                **self.connection,
-                "group.id": target.group,
-                "enable.auto.commit": False,
-                "logger": _LIBRDKAFKA_LOG,
-            }
-        )
+        conf = {"group.id": target.group, "enable.auto.commit": False, "logger": _LIBRDKAFKA_LOG}
+        consumer = clients.consumer(self.connection, **conf)
         try:
             consumer.committed([TopicPartition(topic, 0)], timeout=self.request_timeout_s)
         finally:
@@ -698,7 +694,7 @@ class LagMonitor:
                 try:
                     description = future.result(timeout=self.request_timeout_s)
                 except KafkaException as exc:
-                    if _code(exc) != KafkaErrorCode.UNKNOWN_TOPIC_OR_PART:
+                    if code(exc) != KafkaErrorCode.UNKNOWN_TOPIC_OR_PART:
                         raise
                     self._absent[name] = now
                     continue
@@ -717,7 +713,7 @@ class LagMonitor:
         try:
             answers = self._reader_consumer().offsets_for_times(request, timeout=self.request_timeout_s)
         except KafkaException as exc:
-            raise KafkaError(f"cannot list offsets on {self._bootstrap}: {exc}") from exc
+            raise translate(exc, f"cannot list offsets on {self._bootstrap}") from exc
         out: dict[TopicPartitionKey, int] = {}
         failed: list[Any] = []
         for tp in answers:
@@ -769,7 +765,7 @@ class LagMonitor:
 
     def _reader_consumer(self) -> Consumer:
         if self._reader is None:
-            self._reader = Consumer(
+            self._reader = clients.consumer(
                 {
                     "logger": _LIBRDKAFKA_LOG,
                     **self.connection,
@@ -1048,18 +1044,12 @@ def _committed(future: Any, timeout: float) -> dict[TopicPartitionKey, int]:
     }
 
 
-def _code(exc: KafkaException) -> Any:
-    """The librdkafka error code of an exception (None when it carries none)."""
-    code = getattr(exc.args[0], "code", None) if exc.args else None
-    return code() if callable(code) else None
-
-
 def _described(future: Any, timeout: float) -> Any:
     """A group's description, or None when the coordinator could not describe it (an unknown
     group, no permission): the group then shows no members and the state UNKNOWN."""
     try:
         return future.result(timeout=timeout)
     except KafkaException as exc:
-        if _code(exc) != KafkaErrorCode.GROUP_ID_NOT_FOUND:
+        if code(exc) != KafkaErrorCode.GROUP_ID_NOT_FOUND:
             _log.warning("cannot describe a consumer group: %s", exc)
         return None

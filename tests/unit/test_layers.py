@@ -77,3 +77,30 @@ def test_light_modules_load_no_heavy_dependency(module: str, heavy: tuple[str, .
     argv = [sys.executable, "-c", code]
     loaded = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "", f"importing {module} loaded {loaded.stdout.strip()}"
+
+
+def test_admin_clients_are_built_in_one_place() -> None:
+    """docstream.kafka.clients builds every AdminClient (from settings or a connection dict)."""
+    building = sorted(
+        _module(path)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "AdminClient"
+    )
+    assert building == ["docstream.kafka.clients"]
+
+
+def test_no_module_keeps_its_own_librdkafka_code_helper() -> None:
+    """`docstream.kafka.errors.code` reads an exception's librdkafka code; no copies of it."""
+    copies = sorted(
+        _module(path)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.FunctionDef)
+        and node.name in {"_code", "_translate", "_translated"}
+        and "kafka" in ast.get_source_segment(path.read_text(), node).lower()
+    )
+    assert copies == []
