@@ -50,7 +50,8 @@ from consumers.ops.health import (
     group_health,
     partition_health,
 )
-from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy, hpa_signal
+from consumers.ops.hpa import hpa_signal
+from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
 from docstream.errors import DocstreamError, KafkaError
 from docstream.kafka import clients
 from docstream.kafka.config import connection_config
@@ -340,7 +341,7 @@ class GroupLag:
     has lag, None while the rates are unknown. status: Burrow's group status (OK, WARN, ERR), or
     NOTFOUND for a group the cluster does not know (no members, no commits). decision: the scaling
     policy's (None until the rates are known), hpa_signal the metric value for an HPA with an
-    AverageValue target of 1 (`consumers.ops.scaling.hpa_signal`).
+    AverageValue target of 1 (`consumers.ops.hpa.hpa_signal`).
     """
 
     group: str
