@@ -1,13 +1,17 @@
 """The one exception tree of docstream.
 
 Foreign exceptions (confluent_kafka.KafkaException, fastavro errors, OSError from fsspec ...)
-are translated into these once, at the adapter edge that calls the foreign library.
+are translated into these once, at the adapter edge that calls the foreign library; librdkafka's
+errors in `docstream.kafka.errors` (`translate`), for every module that calls confluent_kafka.
 
     DocstreamError
     ├── ConfigurationError        bad settings or CLI use; the message says what to change
     ├── BrokerError               the local broker could not be fetched, started or stopped
     │   └── ToolMissingError      java or mvn is not installed
-    ├── KafkaError                a Kafka client call failed (translated KafkaException)
+    ├── KafkaError                a Kafka client call failed (translated KafkaException);
+    │   │                         `retriable`: a transient failure, worth trying again
+    │   ├── KafkaConfigError      refused for the client's settings (authentication, TLS, no
+    │   │                         permission, an invalid argument); also a ConfigurationError
     │   └── DeliveryError         a produced event was not acknowledged by the broker
     │       └── PublishTimeout    no acknowledgement in time: the event may still be stored
     ├── SchemaError               an .avsc file is invalid or a schema is unknown
@@ -47,6 +51,11 @@ class KafkaError(DocstreamError):
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class KafkaConfigError(KafkaError, ConfigurationError):
+    """Kafka refused the call for the client's settings: authentication, TLS, a missing ACL, an
+    invalid argument. Retrying cannot help; the settings (or the cluster's ACLs) must change."""
 
 
 class DeliveryError(KafkaError):

@@ -7,16 +7,16 @@ partition counts are raised with create_partitions. A partition count is never l
 cannot do it, and keys would move to other partitions) and a replication factor is only reported
 (changing it needs a partition reassignment, which is an operator's decision).
 
-This is the adapter edge of the admin API: confluent_kafka.KafkaException becomes
-docstream.errors.KafkaError here and nowhere else.
+The admin client comes from `docstream.kafka.clients` and confluent_kafka.KafkaException becomes
+docstream.errors.KafkaError through `docstream.kafka.errors`, the one translation of librdkafka's
+errors.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +35,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from docstream.errors import KafkaError
+from docstream.kafka import clients
+from docstream.kafka.errors import code, translated
 from docstream.topology import TopicSpec
 
 # The topic configs `describe_topics` reports besides the declared ones.
@@ -51,14 +53,6 @@ REPLICATION_FACTOR = "replication.factor"
 K = TypeVar("K")
 T = TypeVar("T")
 # Retriable in Kafka's protocol, though librdkafka's admin results do not flag them so.
-LEADERSHIP_MOVING = frozenset(  # "not yet" answers right after a topic is created
-    {
-        ConfluentKafkaError.NOT_LEADER_FOR_PARTITION,
-        ConfluentKafkaError.LEADER_NOT_AVAILABLE,
-        ConfluentKafkaError.UNKNOWN_LEADER_EPOCH,  # "Leader epoch is newer than broker epoch"
-        ConfluentKafkaError.FENCED_LEADER_EPOCH,
-    }
-)
 EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]  # factory lacks annotations
 LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # factory lacks annotations
 
@@ -318,8 +312,14 @@ def describe_topics(
         TopicDescription(
             name,
             tuple(
-                PartitionDescription(p.id, p.leader, tuple(p.replicas), tuple(p.isrs),
-                                     earliest[(name, p.id)], latest[(name, p.id)])
+                PartitionDescription(
+                    p.id,
+                    p.leader,
+                    tuple(p.replicas),
+                    tuple(p.isrs),
+                    earliest[(name, p.id)],
+                    latest[(name, p.id)],
+                )
                 for p in sorted(topics[name].partitions.values(), key=lambda p: p.id)
             ),
             tuple((k, v) for k, v in sorted(configs[name].items()) if k in CONFIGS_OF_INTEREST),
@@ -355,12 +355,11 @@ def _offsets(
 
 
 def _admin(admin_conf: Mapping[str, Any]) -> AdminClient:
-    with _translated("creating an admin client"):  # warnings and up: its teardown logs at info level
-        return AdminClient({"log_level": 4, **admin_conf})
+    return clients.admin_client(admin_conf)  # warnings and up: its teardown logs at info level
 
 
 def _list_topics(admin: AdminClient, timeout: float) -> dict[str, TopicMetadata]:
-    with _translated("listing topics"):
+    with translated("listing topics"):
         return admin.list_topics(timeout=timeout).topics
 
 
@@ -424,11 +423,11 @@ def _results(
     """Every future's result; the error code `tolerate` counts as success (with no result)."""
     results: dict[K, Any] = {}
     for key, future in futures.items():
-        with _translated(f"{action} {_label(key)}"):
+        with translated(f"{action} {_label(key)}"):
             try:
                 results[key] = future.result(timeout=timeout)
             except KafkaException as exc:
-                if tolerate is None or _code(exc) != tolerate:
+                if tolerate is None or code(exc) != tolerate:
                     raise
     return results
 
@@ -442,11 +441,6 @@ def _label(key: object) -> str:
     return str(key)
 
 
-def _code(exc: KafkaException) -> int | None:
-    error = exc.args[0] if exc.args else None
-    return error.code() if isinstance(error, ConfluentKafkaError) else None
-
-
 def _retried(read: Callable[[], T], timeout: float) -> T:
     """A read-only admin call, repeated while the cluster answers "not yet" (a retriable error)."""
     deadline = time.monotonic() + timeout
@@ -457,18 +451,3 @@ def _retried(read: Callable[[], T], timeout: float) -> T:
             if not exc.retriable or time.monotonic() > deadline:
                 raise
         time.sleep(0.1)
-
-
-@contextmanager
-def _translated(action: str) -> Iterator[None]:
-    """Turn confluent_kafka's exceptions (and a future's timeout) into docstream's KafkaError."""
-    try:
-        yield
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, ConfluentKafkaError):
-            retriable = error.retriable() or error.code() in LEADERSHIP_MOVING
-            raise KafkaError(f"{action}: {error.str()}", retriable=retriable) from exc
-        raise KafkaError(f"{action}: {exc}") from exc
-    except concurrent.futures.TimeoutError as exc:
-        raise KafkaError(f"{action}: no answer from the cluster in time", retriable=True) from exc

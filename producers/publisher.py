@@ -1,7 +1,8 @@
 """The publisher SDK: durable, keyed events onto Kafka, and documents into the pipeline.
 
-`Publisher` is the adapter edge between docstream and confluent-kafka's producer: every
-`KafkaException` is translated here into `docstream.errors.KafkaError`, and a failed delivery
+`Publisher` is the adapter edge between docstream and confluent-kafka's producer: its producer
+comes from `docstream.kafka.clients`, every `KafkaException` it meets becomes a
+`docstream.errors.KafkaError` (`docstream.kafka.errors.translate`), and a failed delivery
 becomes a `DeliveryError`.
 
 Two ways to learn an event's fate:
@@ -41,12 +42,14 @@ from types import TracebackType
 from typing import Any
 
 from confluent_kafka import KafkaError as ConfluentKafkaError
-from confluent_kafka import KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Message
 
 from docstream import validation
 from docstream.blobstore import BlobStore
 from docstream.errors import ConfigurationError, DeliveryError, InvalidEventError, KafkaError, PublishTimeout
-from docstream.kafka_config import connection_config, producer_config
+from docstream.kafka import clients
+from docstream.kafka.config import connection_config, producer_config
+from docstream.kafka.errors import translate
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
@@ -88,13 +91,6 @@ class PublishedDocument:
     delivery: DeliveryResult
 
 
-def _translate(exc: KafkaException, doing: str) -> KafkaError:
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, ConfluentKafkaError):
-        return KafkaError(f"{doing}: {err.str()} ({err.name()})", retriable=bool(err.retriable()))
-    return KafkaError(f"{doing}: {exc}")
-
-
 def _read_document(data: bytes | Path) -> tuple[bytes, str | None]:
     if isinstance(data, Path):
         return data.read_bytes(), data.name
@@ -113,7 +109,7 @@ def _key_bytes(key: str | bytes | None, record: Mapping[str, Any]) -> bytes:
 class Publisher:
     """A durable, idempotent, Java-compatibly keyed Kafka producer for docstream events.
 
-    `connection` is `docstream.kafka_config.connection_config(settings)`. The codec is needed
+    `connection` is `docstream.kafka.config.connection_config(settings)`. The codec is needed
     by `publish`/`publish_async` (not by the raw methods); the blob store by
     `publish_document`. `clock` and `random_bytes` supply `uploaded_at`, document ids and
     trace ids. `overrides` are extra librdkafka settings (e.g. `message.timeout.ms`).
@@ -153,10 +149,7 @@ class Publisher:
         self._failed: list[DeliveryError] = []
         self._failed_count = 0
         self._closed = False
-        try:
-            self._producer = Producer({**self._config, "error_cb": _log_client_error})
-        except KafkaException as exc:
-            raise _translate(exc, "cannot create the Kafka producer") from exc
+        self._producer = clients.producer(self._config, error_cb=_log_client_error)
         # Bound once, so that the per-event path allocates no method objects.
         self._produce = self._producer.produce
         self._serve = self._producer.poll
@@ -219,7 +212,7 @@ class Publisher:
             except BufferError:
                 self._serve(WAIT_SLICE_S)
             except KafkaException as exc:
-                raise _translate(exc, f"cannot produce to {topic!r}") from exc
+                raise translate(exc, f"cannot produce to {topic!r}") from exc
             except RuntimeError as exc:  # confluent-kafka's "Producer has been closed"
                 raise ConfigurationError("this publisher is closed") from exc
         self._serve(0)
@@ -328,7 +321,7 @@ class Publisher:
         try:
             served: int = self._serve(timeout)
         except KafkaException as exc:
-            raise _translate(exc, "cannot serve delivery reports") from exc
+            raise translate(exc, "cannot serve delivery reports") from exc
         except RuntimeError as exc:
             raise ConfigurationError("this publisher is closed") from exc
         return served
@@ -338,7 +331,7 @@ class Publisher:
         try:
             metadata = self._producer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
-            raise _translate(exc, f"cannot reach Kafka at {self._config['bootstrap.servers']}") from exc
+            raise translate(exc, f"cannot reach Kafka at {self._config['bootstrap.servers']}") from exc
         described = metadata.topics.get(topic)
         if described is None or described.error is not None:
             reason = described.error.str() if described is not None and described.error else "absent"
@@ -361,7 +354,7 @@ class Publisher:
         try:
             remaining: int = self._producer.flush(timeout)
         except KafkaException as exc:
-            raise _translate(exc, "cannot flush the producer") from exc
+            raise translate(exc, "cannot flush the producer") from exc
         except RuntimeError as exc:
             raise ConfigurationError("this publisher is closed") from exc
         self._raise_unwatched_failures()
@@ -383,7 +376,7 @@ class Publisher:
                 self._producer.flush(0)
             self._producer.close()
         except KafkaException as exc:
-            raise _translate(exc, "cannot close the producer") from exc
+            raise translate(exc, "cannot close the producer") from exc
         self._raise_unwatched_failures()
         if remaining:
             raise DeliveryError(f"{remaining} events not acknowledged within {timeout} s; purged")

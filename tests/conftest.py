@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from docstream.errors import BrokerError, ToolMissingError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec
 from infra.broker import LocalBroker, free_port

@@ -29,7 +29,7 @@ from consumers.ops.dlq.redrive import REDRIVE, Move, first_redrives, plan
 from consumers.ops.dlq.redrive import redrive as produce_redrives
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import BrokerError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from infra.broker import port_answers
 from schemas.codec import make_codec

@@ -54,8 +54,8 @@ from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, ConfigurationError, DocstreamError
-from docstream.kafka_config import connection_config
-from docstream.kafka_connection import shown_on
+from docstream.kafka.config import connection_config
+from docstream.kafka.connection import shown_on
 from docstream.settings import Settings
 from docstream.topology import (
     DOC_UPLOADED,

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import BrokerError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import declared_topics
 from infra.broker import port_answers

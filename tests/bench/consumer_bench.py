@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumers.runtime import Context, Worker
-from docstream import kafka_config
+from docstream.kafka import config as kafka_config
 from docstream.settings import RuntimeSettings
 
 PARTITIONS = 12

@@ -12,7 +12,7 @@ import pytest
 
 from consumers.analytics.process import AnalyticsProcess, analytics_worker, child_environment
 from docstream.errors import DocstreamError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import declared_topics
 from infra.topics import delete_topics, ensure_topics, list_topic_names

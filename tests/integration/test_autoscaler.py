@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from consumers.ops.autoscaler import Autoscaler, GroupStatus, ProcessLauncher, ScaledGroup
 from consumers.ops.lag import GroupLag, GroupTarget, LagMonitor, LagSnapshot
 from consumers.ops.scaling import ScalingConfig
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic
 from infra.topics import delete_topics, ensure_topics

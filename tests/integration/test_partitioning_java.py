@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from producers.murmur2 import java_partition, murmur2
 from producers.publisher import Publisher

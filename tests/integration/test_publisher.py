@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from docstream.blobstore import BlobStore
 from docstream.errors import ConfigurationError, DeliveryError, KafkaError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from producers.delivery import DeliveryFuture
 from producers.murmur2 import java_partition

@@ -29,7 +29,7 @@ from consumers.ops.replay.side import plan_side, run_side
 from consumers.runtime import Worker
 from docstream.blobstore import BlobStore
 from docstream.cli import app
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import RuntimeSettings, Settings, ThumbnailSettings
 from docstream.topology import DOC_UPLOADED, THUMBNAILED, declared_topics, group_id
 from infra.topics import ensure_topics

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import KafkaError
 
-from docstream.kafka_connection import ConnectionWatch
+from docstream.kafka.connection import ConnectionWatch
 
 ALL_DOWN = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
 REFUSED = KafkaError(

@@ -9,14 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from consumers.ops.lag import (
-    GroupTarget,
-    _backlog_s,
-    _PartitionState,
-    declared_targets,
-    resolve_targets,
-    scaling_config,
-)
+from consumers.ops.lag import GroupTarget, declared_targets, resolve_targets, scaling_config
+from consumers.ops.lag.model import _backlog_s, _PartitionState
 from consumers.ops.scaling import ScalingConfig
 from docstream.cli import app
 from docstream.settings import ScalingSettings, Settings

@@ -70,6 +70,7 @@ def test_the_shared_core_and_the_contract_import_no_layer_above_them() -> None:
         ("producers.events", ("fsspec",)),  # "pure functions, no I/O"
         ("consumers.ocr.worker", ("rapidocr", "cv2", "onnxruntime")),  # the engine loads them, not the stage
         ("docstream.topology", ("confluent_kafka",)),  # pure data
+        ("consumers.ops.hpa", ("confluent_kafka",)),  # pure
     ],
 )
 def test_light_modules_load_no_heavy_dependency(module: str, heavy: tuple[str, ...]) -> None:
@@ -77,3 +78,49 @@ def test_light_modules_load_no_heavy_dependency(module: str, heavy: tuple[str, .
     argv = [sys.executable, "-c", code]
     loaded = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "", f"importing {module} loaded {loaded.stdout.strip()}"
+
+
+def test_admin_clients_are_built_in_one_place() -> None:
+    """docstream.kafka.clients builds every AdminClient (from settings or a connection dict)."""
+    building = sorted(
+        _module(path)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "AdminClient"
+    )
+    assert building == ["docstream.kafka.clients"]
+
+
+def test_no_module_keeps_its_own_librdkafka_code_helper() -> None:
+    """`docstream.kafka.errors.code` reads an exception's librdkafka code; no copies of it."""
+    copies = sorted(
+        _module(path)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.FunctionDef)
+        and node.name in {"_code", "_translate", "_translated"}
+        and "kafka" in ast.get_source_segment(path.read_text(), node).lower()
+    )
+    assert copies == []
+
+
+def test_the_lag_model_imports_no_kafka_client() -> None:
+    """consumers/ops/lag/model.py is pure: neither it nor what it imports loads confluent_kafka
+    (importing it through its package loads the reader too, so its imports are checked)."""
+    path = ROOT / "consumers" / "ops" / "lag" / "model.py"
+    tree = ast.parse(path.read_text())
+    modules = {
+        node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES
+    }
+    assert modules and not any(m.startswith("consumers.ops.lag") for m in modules)
+    code = f"import sys; import {', '.join(sorted(modules))}; print('confluent_kafka' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "False"
+    assert "confluent_kafka" not in path.read_text()

@@ -7,6 +7,14 @@ from typing import Any
 
 import pytest
 
+from consumers.ops.hpa import (
+    hpa_desired_replicas,
+    hpa_reachable,
+    hpa_replicas,
+    hpa_signal,
+    keda_metric_total,
+    keda_stall_replicas,
+)
 from consumers.ops.scaling import (
     Observation,
     PolicyState,
@@ -14,12 +22,6 @@ from consumers.ops.scaling import (
     ScalingConfig,
     ScalingPolicy,
     decide,
-    hpa_desired_replicas,
-    hpa_reachable,
-    hpa_replicas,
-    hpa_signal,
-    keda_metric_total,
-    keda_stall_replicas,
     replica_bounds,
 )
 from consumers.ops.scaling import _ceil as ceil_forgiving

@@ -9,18 +9,20 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.ops.scaling import (
-    Observation,
-    PolicyState,
-    ScalingConfig,
-    ScalingPolicy,
-    decide,
+from consumers.ops.hpa import (
     hpa_desired_replicas,
     hpa_reachable,
     hpa_replicas,
     hpa_signal,
     keda_metric_total,
     keda_stall_replicas,
+)
+from consumers.ops.scaling import (
+    Observation,
+    PolicyState,
+    ScalingConfig,
+    ScalingPolicy,
+    decide,
     replica_bounds,
 )
 

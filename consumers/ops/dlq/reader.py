@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.ops.dlq.entries import DeadLetter, Ref, redriven_sources
 from consumers.runtime import headers as hdr
-from docstream.errors import ConfigurationError, KafkaError
-from docstream.ranges import read_ranges, reader_config
+from docstream.errors import ConfigurationError
+from docstream.kafka import clients
+from docstream.kafka.errors import translate
+from docstream.kafka.ranges import read_ranges, reader_config
 from docstream.topology import dead_letter_topic, retry_topic
 
 Progress = Callable[[str, int, int], None]  # (topic, records read, records to read)
@@ -77,7 +79,7 @@ def topic_partitions(consumer: Any, timeout: float = METADATA_TIMEOUT_S) -> dict
     try:
         metadata = consumer.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaError(f"cannot read the cluster's topics: {exc}", retriable=True) from exc
+        raise translate(exc, "cannot read the cluster's topics", retriable=True) from exc
     return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
 
@@ -99,7 +101,7 @@ def read_spans(
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
         except KafkaException as exc:
-            raise KafkaError(f"cannot read the offsets of {topic}[{p}]: {exc}", retriable=True) from exc
+            raise translate(exc, f"cannot read the offsets of {topic}[{p}]", retriable=True) from exc
         spans.append(PartitionSpan(p, low, high))
     return spans, _records(consumer, topic, spans, progress)
 
@@ -134,7 +136,7 @@ def load(
     the dead-letter topic does not exist.
     """
     dlq, retries = dead_letter_topic(group), retry_topic(group)
-    consumer = Consumer(reader_config(connection, "dlq-reader"))
+    consumer = clients.consumer(reader_config(connection, "dlq-reader"))
     try:
         topics = topic_partitions(consumer)
         if dlq not in topics:

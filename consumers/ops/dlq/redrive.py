@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from consumers.ops.dlq.entries import DeadLetter, redrive_headers, show_bytes
 from consumers.ops.dlq.reader import DeadLetters
-from docstream import kafka_config
-from docstream.errors import ConfigurationError, DeliveryError, KafkaError
+from docstream.errors import ConfigurationError, DeliveryError
+from docstream.kafka import clients
+from docstream.kafka import config as kafka_config
+from docstream.kafka.errors import translate
 
 REDRIVE = "redrive"
 SKIP = "skip"
@@ -107,7 +109,7 @@ def redrive(
     todo = [m for m in moves if m.action == REDRIVE]
     if not todo:
         return 0
-    producer = Producer(kafka_config.producer_config(connection, **{"linger.ms": 5}))
+    producer = clients.producer(kafka_config.producer_config(connection, **{"linger.ms": 5}))
     failures: list[str] = []
     delivered = [0]
 
@@ -134,7 +136,7 @@ def redrive(
             except BufferError:  # the producer's queue is full: let deliveries drain
                 producer.poll(0.1)
             except KafkaException as exc:
-                raise KafkaError(f"cannot produce the redrive of {move.entry.coordinates}: {exc}") from exc
+                raise translate(exc, f"cannot produce the redrive of {move.entry.coordinates}") from exc
     left = producer.flush(timeout_s)
     if left:
         failures.append(f"{left} records not acknowledged within {timeout_s:g} s")

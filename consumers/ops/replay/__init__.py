@@ -23,7 +23,7 @@ from consumers.ops.replay.offsets import GroupState, Offsets
 from consumers.ops.replay.plan import TP, PlanRow, Target, make_plan, total
 from consumers.ops.replay.predict import Prediction, predict, read_ranges
 from docstream.errors import ConfigurationError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import group_id, retry_group_id
 

@@ -13,18 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import (
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 
 from consumers.ops.replay.plan import TP, PartitionState, PlanRow
 from docstream.errors import ConfigurationError
 from docstream.errors import KafkaError as DocstreamKafkaError
+from docstream.kafka import clients
+from docstream.kafka.errors import code, translate
 
 TIMEOUT_S = 15.0
 INACTIVE = frozenset({"EMPTY", "DEAD"})
@@ -51,13 +46,10 @@ class Offsets:
     def __init__(self, connection: dict[str, Any]) -> None:
         self._connection = dict(connection)
         # Warnings and errors only: a short-lived admin client logs its teardown at info level.
-        self._admin = AdminClient({**self._connection, "log_level": 4})
-        self._probe = Consumer(
-            {
-                **self._connection,
-                "group.id": f"docstream-replay-probe-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-            }
+        self._admin = clients.admin_client(self._connection, log_level=4)
+        self._probe = clients.consumer(
+            self._connection,
+            **{"group.id": f"docstream-replay-probe-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False},
         )
 
     def close(self) -> None:
@@ -76,9 +68,9 @@ class Offsets:
         try:
             description = future.result(timeout=TIMEOUT_S)
         except KafkaException as exc:
-            if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+            if code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
                 return GroupState(group, "DEAD", ())
-            raise DocstreamKafkaError(f"cannot describe group {group}: {exc}", retriable=True) from exc
+            raise translate(exc, f"cannot describe group {group}", retriable=True) from exc
         state = getattr(description.state, "name", str(description.state))
         members = tuple(
             f"{m.client_id}@{m.host.lstrip('/')} ({m.member_id})" for m in description.members or ()
@@ -104,8 +96,8 @@ class Offsets:
             try:
                 future.result(timeout=TIMEOUT_S)
             except KafkaException as exc:
-                if _code(exc) != KafkaError.GROUP_ID_NOT_FOUND:
-                    raise DocstreamKafkaError(f"cannot delete group {group}: {exc}") from exc
+                if code(exc) != KafkaError.GROUP_ID_NOT_FOUND:
+                    raise translate(exc, f"cannot delete group {group}") from exc
 
     # -- partitions --------------------------------------------------------------------------
 
@@ -140,11 +132,11 @@ class Offsets:
     def committed(self, group: str, tps: Sequence[TP]) -> dict[TP, int]:
         if not tps:
             return {}
-        reader = Consumer({**self._connection, "group.id": group, "enable.auto.commit": False})
+        reader = clients.consumer(self._connection, **{"group.id": group, "enable.auto.commit": False})
         try:
             parts = reader.committed([TopicPartition(t, p) for t, p in tps], timeout=TIMEOUT_S)
         except KafkaException as exc:
-            raise DocstreamKafkaError(f"cannot read the offsets of {group}: {exc}", retriable=True) from exc
+            raise translate(exc, f"cannot read the offsets of {group}", retriable=True) from exc
         finally:
             reader.close()
         return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
@@ -153,7 +145,7 @@ class Offsets:
         try:
             low, high = self._probe.get_watermark_offsets(TopicPartition(*tp), timeout=TIMEOUT_S)
         except KafkaException as exc:
-            raise DocstreamKafkaError(f"cannot read the log offsets of {tp[0]}[{tp[1]}]: {exc}") from exc
+            raise translate(exc, f"cannot read the log offsets of {tp[0]}[{tp[1]}]") from exc
         return int(low), int(high)
 
     def offsets_for_time(self, tps: Sequence[TP], ms: int) -> dict[TP, int]:
@@ -164,7 +156,7 @@ class Offsets:
         try:
             found = self._probe.offsets_for_times(query, timeout=TIMEOUT_S)
         except KafkaException as exc:
-            raise DocstreamKafkaError(f"cannot look offsets up by time: {exc}", retriable=True) from exc
+            raise translate(exc, "cannot look offsets up by time", retriable=True) from exc
         return {(tp.topic, tp.partition): tp.offset for tp in found}
 
     # -- moving ------------------------------------------------------------------------------
@@ -176,7 +168,7 @@ class Offsets:
         try:
             result = future.result(timeout=TIMEOUT_S)
         except KafkaException as exc:
-            if _code(exc) in (
+            if code(exc) in (
                 KafkaError.UNKNOWN_MEMBER_ID,
                 KafkaError.REBALANCE_IN_PROGRESS,
                 KafkaError.ILLEGAL_GENERATION,
@@ -184,7 +176,7 @@ class Offsets:
                 raise GroupActiveError(
                     f"group {group} gained members meanwhile: its offsets were not moved"
                 ) from exc
-            raise DocstreamKafkaError(f"cannot move the offsets of {group}: {exc}") from exc
+            raise translate(exc, f"cannot move the offsets of {group}") from exc
         failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result.topic_partitions if tp.error]
         if failed:
             raise DocstreamKafkaError(f"offsets of {group} not moved for " + "; ".join(failed))
@@ -195,9 +187,3 @@ class Offsets:
     @property
     def _bootstrap(self) -> str:
         return str(self._connection.get("bootstrap.servers", "the cluster"))
-
-
-def _code(exc: KafkaException) -> Any:
-    """The librdkafka error code an exception carries (None when it carries none)."""
-    code = getattr(exc.args[0], "code", None) if exc.args else None
-    return code() if callable(code) else None

@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Message
 
 from consumers.ops.replay.plan import TP
 from docstream.blobstore import BlobStore
 from docstream.errors import DocstreamError
 from docstream.idempotency import idempotency_key
-from docstream.ranges import read_ranges as ranges_of
-from docstream.ranges import reader_config
+from docstream.kafka import clients
+from docstream.kafka.ranges import read_ranges as ranges_of
+from docstream.kafka.ranges import reader_config
 from docstream.topology import OCR_DONE
 from schemas.codec import Codec
 
@@ -38,7 +39,7 @@ def read_ranges(
     connection: dict[str, Any], ranges: Ranges, on_progress: Callable[[int], None] | None = None
 ) -> Iterator[Message]:
     """Every record of each [start, end) range, read without a group; stops at the ends."""
-    reader = Consumer(reader_config(connection, "replay-reader"))
+    reader = clients.consumer(reader_config(connection, "replay-reader"))
     try:
         yield from ranges_of(reader, ranges, on_progress)
     finally:

@@ -29,7 +29,7 @@ from consumers.ops.replay import STAGE_GROUPS, GroupRef, predict_ranges
 from consumers.ops.replay.offsets import Offsets
 from consumers.ops.replay.plan import TP, PartitionState, Target, format_ms, resolve, total
 from docstream.errors import ConfigurationError
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import RETENTION, TopicSpec, dead_letter_topic, retry_group_id, retry_topic
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from docstream.kafka_connection import ConnectionWatch
+from docstream.kafka.connection import ConnectionWatch
 from docstream.settings import RuntimeSettings, Settings
 
 
@@ -73,6 +73,6 @@ def consumer_config(connection: dict[str, Any], group_id: str, runtime: RuntimeS
 
 
 def watched(conf: dict[str, Any], watch: ConnectionWatch) -> dict[str, Any]:
-    """`conf` with the client's logs and errors sent to `watch` (docstream.kafka_connection):
+    """`conf` with the client's logs and errors sent to `watch` (docstream.kafka.connection):
     an outage is logged once, not on every reconnect attempt."""
     return {**conf, **watch.client_config()}
