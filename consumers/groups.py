@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from consumers.runtime import Worker
 from consumers.stage import Outcomes, Stage, stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
-from docstream.kafka_config import connection_config
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import STAGE_NAMES, StageSpec, group_id, stage
 from docstream.validation import Limits

@@ -87,6 +87,7 @@ from consumers.analytics.windows import (
 from consumers.ops.lag import offset_lag
 from consumers.runtime import headers as hdr
 from docstream.errors import DocstreamError
+from docstream.kafka import clients
 from docstream.topology import (
     ANALYTICS_CLOCK,
     DOC_UPLOADED,
@@ -547,10 +548,8 @@ class _Positions:
         return found
 
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
         if self._reader is None:
-            self._reader = Consumer(
+            self._reader = clients.consumer(
                 {
                     "bootstrap.servers": self._bootstrap,
                     "group.id": f"{self._group}.read-back",  # never joined nor committed: assign() only
@@ -571,10 +570,10 @@ class _DeadLetters:
         self._producer: Any = None
 
     def send(self, record: _Record, error: BaseException) -> None:
-        from confluent_kafka import Producer
-
         if self._producer is None:
-            self._producer = Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 0, "acks": "all"})
+            self._producer = clients.producer(
+                {"bootstrap.servers": self._bootstrap, "linger.ms": 0, "acks": "all"}
+            )
         headers = hdr.encode(
             {
                 hdr.ORIGINAL_TOPIC: record.topic,
@@ -623,10 +622,8 @@ class _IdleClock:
         return (now - self.last_event) * 1000 >= idle_ms
 
     def send_ticks(self, bootstrap: str, topic: str, partitions: list[int], at_ms: int) -> None:
-        from confluent_kafka import Producer
-
         if self._producer is None:
-            self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+            self._producer = clients.producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
         value = json.dumps({"kind": TICK, "at_ms": at_ms}).encode()
         for partition in partitions:
             self._producer.produce(topic, key=EVENTS_KEY, value=value, partition=partition)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
+
+from docstream.kafka import clients
 
 RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 
@@ -81,10 +83,10 @@ ProducerFactory = Callable[[dict[str, Any]], ProducerClient]
 
 
 def kafka_consumer(config: dict[str, Any]) -> ConsumerClient:
-    """The default: a confluent-kafka consumer."""
-    return Consumer(config)
+    """The default: a confluent-kafka consumer, built by the Kafka edge (docstream.kafka.clients)."""
+    return clients.consumer(config)
 
 
 def kafka_producer(config: dict[str, Any]) -> ProducerClient:
-    """The default: a confluent-kafka producer."""
-    return Producer(config)
+    """The default: a confluent-kafka producer, built by the Kafka edge (docstream.kafka.clients)."""
+    return clients.producer(config)

@@ -30,7 +30,7 @@ What is left here (about 500 lines, most of them comments) is one thing: the ste
 the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
 outstanding work, and read in order as the story of a message.
 
-The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka_connection):
+The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka.connection):
 a broker outage is logged once when it starts and once when it ends, and shows in `health()`.
 """
 
@@ -71,9 +71,9 @@ from consumers.runtime.partitions import Partitions
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from consumers.runtime.stats import RunStats, WorkerHealth
-from docstream import kafka_config
 from docstream.errors import ConfigurationError, KafkaError
-from docstream.kafka_connection import ConnectionWatch
+from docstream.kafka import config as kafka_config
+from docstream.kafka.connection import ConnectionWatch
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 

@@ -69,7 +69,7 @@ def sink() -> None:
     from consumers.groups import build_sink
     from consumers.warehouse.query_server import serve_queries
     from consumers.warehouse.store import Warehouse
-    from docstream.kafka_connection import shown_on
+    from docstream.kafka.connection import shown_on
 
     s = settings()
     with Warehouse(s.warehouse_url) as warehouse:
