@@ -19,7 +19,7 @@ from consumers.stage import Outcomes, Stage, stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
-from docstream.topology import STAGE_NAMES, StageSpec, group_id, stage
+from docstream.topology import STAGE_NAMES, WAREHOUSE, StageSpec, group_id, stage
 from docstream.validation import Limits
 from schemas.codec import make_codec
 
@@ -97,7 +97,7 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
         limits=Limits.from_settings(settings),
     )
     member = Worker(
-        group_id=group_id("warehouse", settings.group_prefix),
+        group_id=group_id(WAREHOUSE, settings.group_prefix),
         topics=topics.all,
         handler=sink,
         connection=connection_config(settings),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from consumers.analytics.app import make_app
 from docstream.settings import load_settings
-from docstream.topology import dead_letter_topic, group_id
+from docstream.topology import ANALYTICS, dead_letter_topic, group_id
 from docstream.validation import Limits
 from schemas.codec import make_codec
 
@@ -18,7 +18,7 @@ from schemas.codec import make_codec
 def main() -> None:
     settings = load_settings()
     app = make_app(
-        group_id("analytics", settings.group_prefix),
+        group_id(ANALYTICS, settings.group_prefix),
         settings.bootstrap,
         partitions=settings.topic_partitions,
         codec=make_codec(settings.schema_registry_url),
@@ -26,7 +26,7 @@ def main() -> None:
         lateness_ms=settings.analytics.lateness_ms,
         window_sizes_ms=settings.analytics.window_sizes_ms,
         limits=Limits.from_settings(settings),
-        dead_letters=dead_letter_topic(group_id("analytics", settings.group_prefix)),
+        dead_letters=dead_letter_topic(group_id(ANALYTICS, settings.group_prefix)),
         idle_ms=settings.analytics.idle_ms,
         session_timeout_s=settings.runtime.session_timeout_ms / 1000,  # as every group's members
         datadir=str(settings.home / "analytics"),

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.runtime import headers as hdr
+from docstream import topology
 from docstream.errors import ConfigurationError, DocstreamError
-from docstream.topology import GROUPS, group_id
 from schemas.catalog import catalog
 from schemas.codec import Codec, peek_fingerprint
 
@@ -65,13 +65,11 @@ def parse_ref(text: str) -> Ref:
 
 
 def resolve_group(name: str, prefix: str) -> str:
-    """A group short name (`ocr`) becomes its id (`docstream.ocr`); any other name is a group id."""
-    name = name.strip()
-    if not name:
+    """A group short name (`ocr`) becomes its id (`docstream.ocr`); any other name is a group id
+    (`docstream.topology.resolve_group`)."""
+    if not name.strip():
         raise ConfigurationError("--group is empty: give a group short name (ocr) or a group id")
-    if name in {g.name for g in GROUPS}:
-        return group_id(name, prefix)
-    return name
+    return topology.resolve_group(name, prefix).id
 
 
 # -- redrive history -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from consumers.ops.health import (
 from consumers.ops.hpa import hpa_signal
 from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
 from docstream.errors import DocstreamError
-from docstream.topology import GROUPS, group_id
+from docstream.topology import GROUPS, group_id, group_inputs, resolve_group
 
 if TYPE_CHECKING:
     from docstream.settings import ScalingSettings
@@ -176,24 +176,18 @@ class GroupTarget:
 
 
 def declared_targets(prefix: str = "docstream.") -> list[GroupTarget]:
-    """docstream's groups (`docstream.topology.GROUPS`) with their inputs; the warehouse sink's
-    also include the dead-letter topics it reads (`SinkTopics`)."""
-    from consumers.warehouse.sink import SinkTopics  # the sink's own list of what it reads
-
-    targets: list[GroupTarget] = []
-    for spec in GROUPS:
-        topics = tuple(SinkTopics.declared(prefix).all) if spec.name == "warehouse" else spec.inputs
-        targets.append(GroupTarget(group_id(spec.name, prefix), topics))
-    return targets
+    """docstream's groups (`docstream.topology.GROUPS`) with every topic they read (the warehouse
+    sink's include the dead-letter topics it reads)."""
+    return [GroupTarget(group_id(spec.name, prefix), group_inputs(spec, prefix)) for spec in GROUPS]
 
 
 def resolve_targets(names: Sequence[str], prefix: str = "docstream.") -> list[GroupTarget]:
     """Targets for group names: a declared short name (`ocr`) or group id (`docstream.ocr`) gets
     its declared topics; any other name is taken as a group id, its topics from its commits."""
-    declared = {t.group: t for t in declared_targets(prefix)}
     out: list[GroupTarget] = []
     for name in names:
-        target = declared.get(name) or declared.get(group_id(name, prefix)) or GroupTarget(name)
+        ref = resolve_group(name, prefix)
+        target = GroupTarget(ref.id, ref.topics) if ref.name is not None else GroupTarget(ref.id)
         if target not in out:
             out.append(target)
     return out

@@ -22,12 +22,13 @@ from typing import Any
 from consumers.ops.replay.offsets import GroupState, Offsets
 from consumers.ops.replay.plan import TP, PlanRow, Target, make_plan, total
 from consumers.ops.replay.predict import Prediction, predict, read_ranges
+from docstream import topology
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
-from docstream.topology import group_id, retry_group_id
+from docstream.topology import retry_group_id
 
-STAGE_GROUPS = ("ocr", "embeddings", "thumbnails")
+STAGE_GROUPS = topology.STAGE_NAMES  # the groups a side replay can run: the declared stages
 
 
 @dataclass(frozen=True)
@@ -70,21 +71,16 @@ class Plan:
 
 def resolve_group(name: str, settings: Settings, topics: Sequence[str] | None = None) -> GroupRef:
     """`ocr` or `docstream.ocr` -> the declared group; any other id needs --topic."""
-    from consumers.ops.lag import declared_targets
-
-    prefix = settings.group_prefix
-    declared = {t.group: t for t in declared_targets(prefix)}
-    gid = name if name in declared else group_id(name, prefix) if group_id(name, prefix) in declared else name
-    if gid == group_id("analytics", prefix):
+    ref = topology.resolve_group(name, settings.group_prefix)
+    if ref.name == topology.ANALYTICS:
         raise ConfigurationError(
             "the analytics group keeps its windows in faust tables: re-reading its input would count "
             "events twice. Its rollups are rebuilt from the warehouse, not replayed"
         )
-    short = gid[len(prefix) :] if gid in declared else None
-    inputs = tuple(topics) if topics else (declared[gid].topics if gid in declared else ())
+    inputs = tuple(topics) if topics else ref.topics
     if not inputs:
         raise ConfigurationError(f"{name} is not a docstream group: name its topics with --topic")
-    return GroupRef(gid, short, inputs)
+    return GroupRef(ref.id, ref.name, inputs)
 
 
 def plan_in_place(
