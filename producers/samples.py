@@ -7,9 +7,13 @@ that every group dead-letters with its reason.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
+from docstream.settings import Settings
+from docstream.topology import DOC_UPLOADED
 from producers.documents import SAMPLE_TEXTS, broken_pdf, scanned_pdf, text_pdf
+from producers.publisher import PublishedDocument, Publisher
 
 
 @dataclass(frozen=True)
@@ -43,3 +47,22 @@ def sample_documents() -> list[Sample]:
 
 
 BROKEN_EVENT = b"\x00\x00this is not an Avro single-object event"
+
+
+def publish_samples(settings: Settings) -> tuple[list[tuple[str, PublishedDocument]], str]:
+    """The sample documents, published (name, what was published); and the key of an
+    undecodable event sent after them, which every group dead-letters."""
+    published = []
+    with Publisher.from_settings(settings) as publisher:
+        for sample in sample_documents():
+            doc = publisher.publish_document(
+                sample.content,
+                tenant=sample.tenant,
+                content_type=sample.content_type,
+                attributes={"name": sample.name},
+            )
+            published.append((sample.name, doc))
+        undecodable = f"undecodable-{uuid.uuid4().hex[:8]}"
+        publisher.publish_raw(DOC_UPLOADED, undecodable.encode(), BROKEN_EVENT)
+        publisher.flush()
+    return published, undecodable

@@ -93,3 +93,28 @@ def per_window(rollups: Iterable[Sequence[Any]], key: str) -> list[dict[str, Any
             entry[f"{stage}_p95_ms"] = sketch.quantile(0.95) if sketch is not None and sketch.count else None
         rows.append(entry)
     return rows
+
+
+RUN_MINUTES = (
+    "SELECT window_start, tenant, content_type, documents, bytes, pages, sketch "
+    "FROM docstream.current_rollups WHERE window_size_s = 60 "
+    "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC') "
+    "ORDER BY window_start, tenant, content_type"
+)
+
+
+def by_content_type(rollups: Iterable[Sequence[Any]]) -> dict[tuple[Any, str, str], dict[str, Any]]:
+    """Rows of `RUN_MINUTES` -> per (window start, tenant, content type): the partitions' partials
+    summed (docs, bytes, pages, how many partials) and their latency sketches merged (`latency`)."""
+    windows: dict[tuple[Any, str, str], dict[str, Any]] = {}
+    for start, tenant, content_type, documents, size, pages, sketch in rollups:
+        entry = windows.setdefault(
+            (start, tenant, content_type), {"docs": 0, "bytes": 0, "pages": 0, "partials": 0, "latency": {}}
+        )
+        entry["docs"] += int(documents)
+        entry["bytes"] += int(size)
+        entry["pages"] += int(pages)
+        entry["partials"] += 1
+        for stage, data in json.loads(sketch or "{}").items():
+            entry["latency"].setdefault(stage, LatencySketch()).merge(LatencySketch.from_dict(data))
+    return windows

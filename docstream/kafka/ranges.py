@@ -17,6 +17,8 @@ import confluent_kafka as ck
 from confluent_kafka import TopicPartition
 
 from docstream.errors import KafkaError
+from docstream.kafka import clients
+from docstream.kafka.errors import translated
 
 TP = tuple[str, int]
 STALL_TIMEOUT_S = 30.0  # no record for this long while some are still due: the read fails
@@ -87,3 +89,21 @@ def read_ranges(
                 on_batch(read)
     finally:
         consumer.unassign()
+
+
+def read_topic(connection: Mapping[str, Any], topic: str, name: str = "reader") -> list[Any]:
+    """Every record of `topic` up to its end offsets now, in partition order (a throw-away reader
+    that joins no group and commits nothing)."""
+    consumer = clients.consumer(reader_config(connection, name))
+    try:
+        with translated(f"cannot read the offsets of {topic}", retriable=True):
+            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+            if metadata.error is not None:
+                raise ck.KafkaException(metadata.error)
+            ranges = {
+                (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in sorted(metadata.partitions)
+            }
+        return list(read_ranges(consumer, ranges))
+    finally:
+        consumer.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from consumers.analytics.report import hourly
+from consumers.analytics.report import by_content_type, hourly
 from consumers.analytics.sketch import LatencySketch
 
 
@@ -28,3 +28,15 @@ def test_rows_of_one_hour_and_tenant_add_up_and_merge_their_latency() -> None:
     assert merged_p95 is not None and abs(merged_p95 - 100) <= 1, "95 of 100 latencies are 100 ms"
     assert acme["embeddings_p95_ms"] is None
     assert (globex["documents"], globex["ocr_p95_ms"]) == (1, None)
+
+
+def test_a_runs_minutes_sum_their_partitions_per_content_type() -> None:
+    rows = [
+        ("10:00", "acme", "application/pdf", 2, 300, 4, sketch_json([100, 200])),
+        ("10:00", "acme", "application/pdf", 1, 50, 1, sketch_json([300])),
+        ("10:00", "acme", "text/plain", 1, 10, 1, "{}"),
+    ]
+    windows = by_content_type(rows)
+    pdf = windows[("10:00", "acme", "application/pdf")]
+    assert (pdf["docs"], pdf["bytes"], pdf["pages"], pdf["partials"]) == (3, 350, 5, 2)
+    assert pdf["latency"]["ocr"].count == 3 and windows[("10:00", "acme", "text/plain")]["latency"] == {}
