@@ -11,7 +11,7 @@ headers, which have the same names: they travel along under `CARRIED` (`carry`),
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 ATTEMPT = "docstream.attempt"  # the attempt this record is (1 = first delivery)
 NOT_BEFORE_MS = "docstream.not-before-ms"  # a retry is not handled before this time
@@ -49,14 +49,22 @@ def text(value: str | bytes | None) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
 
 
-def to_dict(headers: Iterable[tuple[str, str | bytes | None]] | None) -> dict[str, str]:
+Headers = Mapping[str, str | bytes | None] | Iterable[tuple[str, str | bytes | None]] | None
+"""What confluent-kafka's `Message.headers()` is typed to return (a consumed record's are a list)."""
+
+
+def _pairs(headers: Headers) -> Iterable[tuple[str, str | bytes | None]]:
+    return headers.items() if isinstance(headers, Mapping) else headers or ()
+
+
+def to_dict(headers: Headers) -> dict[str, str]:
     """Headers as text; the last value of a repeated name wins."""
-    return {name: text(value) for name, value in headers or ()}
+    return {name: text(value) for name, value in _pairs(headers)}
 
 
-def passthrough(headers: Iterable[tuple[str, str | bytes | None]] | None) -> HeaderList:
+def passthrough(headers: Headers) -> HeaderList:
     """The headers that are not docstream's own (trace context etc.), to carry along."""
-    return [(name, value) for name, value in headers or () if name not in OWN]
+    return [(name, value) for name, value in _pairs(headers) if name not in OWN]
 
 
 def encode(values: dict[str, str | int]) -> HeaderList:
