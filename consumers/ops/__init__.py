@@ -1,7 +1,8 @@
 """Ops tools: what operators run beside the pipeline, apart from the stages and the runtime.
 
-lag/         consumer-group lag: the pure model (model.py), the Kafka reads (reader.py) and the
-             monitor that samples them (monitor.py)
+lag/         consumer-group lag: the pure model (model.py; the time-lag estimator, estimator.py;
+             what a sample says, snapshot.py; the groups to watch, targets.py), the Kafka reads
+             (reader.py) and the monitor that samples them (monitor.py)
 health.py    Burrow's partition and group evaluation rules (pure)
 scaling.py   the replica policy: desired replicas from lag, arrivals and backlog (pure)
 hpa.py       what a Kubernetes HPA and KEDA's Kafka scaler do with a metric, and the signal we
