@@ -9,6 +9,7 @@ hpa.py       what a Kubernetes HPA and KEDA's Kafka scaler do with a metric, and
              export so that an HPA lands on the policy's decision (pure)
 exporter.py  Prometheus /metrics and /healthz over the lag monitor
 autoscaler.py the local autoscaler: worker processes per group, started and stopped by the policy
+launcher.py  the autoscaler's worker processes: a member's command, its settings environment, the launcher
 replay/      replay after a fix: plans, offset moves, predictions, side runs
 dlq/         dead letters: list, show, redrive
 """
