@@ -13,6 +13,10 @@ Everything it writes lives under its work directory:
     <work>/broker.pid          the pid of the running JVM
 
 The class takes explicit arguments; `for_settings` builds the one the settings describe.
+
+One broker's life cycle, hence one module over the usual size: fetching its jars, starting,
+finding, stopping and tailing it all go through the same work directory and pid file, and the
+process and tool helpers at the end serve only `LocalBroker`.
 """
 
 from __future__ import annotations
@@ -192,8 +196,16 @@ class LocalBroker:
         _require_tool(self.java, "java")
         staging = self.lib_dir / ".fetching"  # inside lib: git-ignored even if a fetch is cut short
         shutil.rmtree(staging, ignore_errors=True)
-        command = [mvn, "-q", "-B", "-f", str(POM_PATH), "dependency:copy-dependencies",
-                   "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        command = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM_PATH),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]
         output = _run_tool(command, timeout, "mvn could not fetch the Kafka jars")
         if not any(staging.glob("kafka_*.jar")):
             raise BrokerError(f"mvn finished but fetched no Kafka jar into {staging}:\n{output}")
@@ -234,8 +246,13 @@ class LocalBroker:
         self._format_storage(java)
         with self.log_path.open("ab") as log:
             log.write(f"=== docstream: starting the broker on {self.bootstrap} ===\n".encode())
-        command = [*self._jvm(java), f"-Xmx{self.heap_mb}m", f"-Xms{min(self.heap_mb, 256)}m",
-                   "kafka.Kafka", str(self.properties_path)]
+        command = [
+            *self._jvm(java),
+            f"-Xmx{self.heap_mb}m",
+            f"-Xms{min(self.heap_mb, 256)}m",
+            "kafka.Kafka",
+            str(self.properties_path),
+        ]
         pid = _spawn_detached(command, self.log_path)
         self.pid_path.write_text(f"{pid}\n")
         return pid
@@ -244,8 +261,16 @@ class LocalBroker:
         """Format log.dirs once; a formatted dir keeps its cluster id (and its topics) forever."""
         if (self.data_dir / "meta.properties").exists():
             return
-        command = [*self._jvm(java), "kafka.tools.StorageTool", "format", "--ignore-formatted",
-                   "--cluster-id", new_cluster_id(), "--config", str(self.properties_path)]
+        command = [
+            *self._jvm(java),
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "--cluster-id",
+            new_cluster_id(),
+            "--config",
+            str(self.properties_path),
+        ]
         try:
             with self.log_path.open("ab") as log:
                 code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=120).returncode
@@ -286,8 +311,9 @@ class LocalBroker:
             if not _alive(pid):
                 raise BrokerError(f"the broker (pid {pid}) exited while starting:\n{self._log_tail()}")
             if time.monotonic() > deadline:
-                raise BrokerError(f"the broker (pid {pid}) was not ready within {timeout:.0f} s:\n"
-                                  f"{self._log_tail()}")
+                raise BrokerError(
+                    f"the broker (pid {pid}) was not ready within {timeout:.0f} s:\n{self._log_tail()}"
+                )
             time.sleep(POLL_INTERVAL_S)
 
     def stop(self, timeout: float = 30.0) -> bool:

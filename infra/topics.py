@@ -10,6 +10,10 @@ cannot do it, and keys would move to other partitions) and a replication factor 
 The admin client comes from `docstream.kafka.clients` and confluent_kafka.KafkaException becomes
 docstream.errors.KafkaError through `docstream.kafka.errors`, the one translation of librdkafka's
 errors.
+
+One adapter over the AdminClient, hence one module over the usual size: ensuring, describing and
+deleting topics share its translated calls (metadata, leaders, configs, retries), and the report
+types at the top are their results.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from consumers.ops.dlq import entries as dl
+from consumers.ops.dlq.payloads import Payload, decode_payload, jsonable
 from consumers.ops.dlq.reader import DeadLetters, load
 from consumers.ops.dlq.reader import Progress as ProgressCallback
 from consumers.ops.dlq.redrive import REDRIVE, Move, first_redrives, plan
@@ -114,7 +115,7 @@ def show(
     dead = _load(s, group)
     chosen = [dead.find(wanted)] if wanted else dl.select(dead.entries, filters)
     codec = make_codec(s.schema_registry_url)
-    payloads = [dl.decode_payload(e, codec) for e in chosen]
+    payloads = [decode_payload(e, codec) for e in chosen]
     if as_json:
         print_json(
             _summary(dead)
@@ -319,7 +320,7 @@ def _list_note(dead: DeadLetters, matched: int, shown: int) -> str:
     return note + "; `docstream dlq show --group G REF` shows one in full"
 
 
-def _block(dead: DeadLetters, e: dl.DeadLetter, payload: dl.Payload) -> Group:
+def _block(dead: DeadLetters, e: dl.DeadLetter, payload: Payload) -> Group:
     status = dead.status(e)
     lines: list[Any] = [
         Text.assemble(
@@ -355,7 +356,7 @@ def _block(dead: DeadLetters, e: dl.DeadLetter, payload: dl.Payload) -> Group:
     lines.append(Text(_indent(e.error_traceback.rstrip() or "(none)", 4)))
     if payload.record is not None:
         lines.append(Text(f"  payload        {payload.event_type}, {payload.size} bytes", style="dim"))
-        pretty = json.dumps(dl.jsonable(payload.record), indent=2, sort_keys=True)
+        pretty = json.dumps(jsonable(payload.record), indent=2, sort_keys=True)
         lines.append(Text(_indent(pretty, 4)))
     else:
         size = "no value" if payload.size is None else f"{payload.size} bytes"

@@ -29,11 +29,9 @@ from rich.table import Table
 from consumers.analytics import report
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
-from consumers.ops.autoscaler import (
-    ScaledGroup,
-)
 from consumers.ops.exporter import serve_exporter
 from consumers.ops.lag import offset_lag, scaling_config
+from consumers.ops.launcher import ScaledGroup
 from consumers.ops.scaling import ScalingConfig
 from consumers.pipeline import (
     RollupWait,

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from consumers.ops.autoscaler import Autoscaler, GroupStatus, ProcessLauncher, ScaledGroup
+from consumers.ops.autoscaler import Autoscaler, GroupStatus
 from consumers.ops.lag import GroupLag, GroupTarget, LagMonitor, LagSnapshot
+from consumers.ops.launcher import ProcessLauncher, ScaledGroup
 from consumers.ops.scaling import ScalingConfig
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from consumers.ops.dlq import entries as dl
+from consumers.ops.dlq import payloads
 from consumers.ops.dlq.reader import DeadLetters, PartitionSpan
 from consumers.ops.dlq.redrive import REDRIVE, SKIP, first_redrives, plan
 from consumers.runtime import headers as hdr
@@ -277,7 +278,7 @@ def uploaded(document_id: str = "doc-1") -> bytes:
 
 def test_payloads_decode_by_original_topic_or_writer_schema_and_never_crash() -> None:
     codec = make_codec(None)
-    good = dl.decode_payload(dead_letter(value=uploaded()), codec)
+    good = payloads.decode_payload(dead_letter(value=uploaded()), codec)
     assert (good.event_type, good.error, good.record and good.record["document_id"]) == (
         "doc.uploaded",
         None,
@@ -286,30 +287,30 @@ def test_payloads_decode_by_original_topic_or_writer_schema_and_never_crash() ->
     assert good.to_dict()["decoded"]["uploaded_at"] == "2025-03-01T00:00:00+00:00"
 
     other_topic = FakeMessage("source-x", 0, 1, b"k", uploaded("doc-9"))
-    by_fingerprint = dl.decode_payload(dead_letter(source=other_topic), codec)
+    by_fingerprint = payloads.decode_payload(dead_letter(source=other_topic), codec)
     assert by_fingerprint.record is not None and by_fingerprint.record["document_id"] == "doc-9"
 
-    broken = dl.decode_payload(dead_letter(value=b"\xc3\x01\x00garbage"), codec)
+    broken = payloads.decode_payload(dead_letter(value=b"\xc3\x01\x00garbage"), codec)
     assert broken.record is None and broken.event_type == "doc.uploaded"
     assert "unknown writer schema fingerprint" in (broken.error or "")
     assert broken.preview == "hex: c3 01 00 67 61 72 62 61 67 65"
-    cut = dl.decode_payload(dead_letter(value=uploaded()[:30]), codec)
+    cut = payloads.decode_payload(dead_letter(value=uploaded()[:30]), codec)
     assert cut.record is None and "malformed doc.uploaded" in (cut.error or "") and cut.size == 30
 
-    plain = dl.decode_payload(dead_letter(source=FakeMessage("source-x", 0, 1, b"k", b"v1")), codec)
+    plain = payloads.decode_payload(dead_letter(source=FakeMessage("source-x", 0, 1, b"k", b"v1")), codec)
     assert plain.error == "not decoded: source-x is not a docstream event topic"
     assert plain.preview == "text: 'v1'"
-    tombstone = dl.decode_payload(dl.DeadLetter.from_record(DLQ, 0, 0, 0, b"k", None, None), codec)
+    tombstone = payloads.decode_payload(dl.DeadLetter.from_record(DLQ, 0, 0, 0, b"k", None, None), codec)
     assert (tombstone.size, tombstone.error) == (None, "no value (a tombstone)")
 
 
 def test_previews_are_bounded_and_safe() -> None:
-    assert dl.preview(b"hello\nworld") == "text: 'hello\\nworld'"
-    assert dl.preview(b"\x00\x01\xff") == "hex: 00 01 ff"
-    assert dl.preview(b"a" * 200, limit=4) == "text: 'aaaa' ... (200 bytes)"
-    assert dl.preview("é".encode() * 10, limit=5) == "text: 'éé' ... (20 bytes)", (
+    assert payloads.preview(b"hello\nworld") == "text: 'hello\\nworld'"
+    assert payloads.preview(b"\x00\x01\xff") == "hex: 00 01 ff"
+    assert payloads.preview(b"a" * 200, limit=4) == "text: 'aaaa' ... (200 bytes)"
+    assert payloads.preview("é".encode() * 10, limit=5) == "text: 'éé' ... (20 bytes)", (
         "a character cut at the limit"
     )
-    assert dl.preview(b"\x1b[31mred").startswith("hex: 1b"), "terminal escapes are not printed as text"
+    assert payloads.preview(b"\x1b[31mred").startswith("hex: 1b"), "terminal escapes are not printed as text"
     assert dl.show_bytes(b"doc-1") == "doc-1" and dl.show_bytes(b"\x00\x01") == "0x0001"
     assert dl.show_bytes(None) is None

@@ -1,6 +1,7 @@
 """Dead letters: read a group's dead-letter topic, show its records, redrive them.
 
 entries.py   the entry model, filters, record references, redrive history and headers (pure)
+payloads.py  a dead letter's value decoded by the event contract, or a safe preview (pure)
 reader.py    reading the dead-letter and retry topics with assigned, bounded, uncommitted reads
 redrive.py   re-publishing dead letters to the group's retry topic
 
@@ -8,7 +9,8 @@ redrive.py   re-publishing dead letters to the group's retry topic
 explains the headers and the history.
 """
 
-from consumers.ops.dlq.entries import DeadLetter, Filters, Payload, RedriveStep, Ref, decode_payload
+from consumers.ops.dlq.entries import DeadLetter, Filters, RedriveStep, Ref
+from consumers.ops.dlq.payloads import Payload, decode_payload
 from consumers.ops.dlq.reader import DeadLetters, load
 from consumers.ops.dlq.redrive import Move, plan, redrive
 

@@ -3,7 +3,7 @@ the oldest of them was written, and whether the group is healthy.
 
 - `offset_lag`: end offsets minus committed offsets, summed over a group's topics (`reader`).
 - `TimeLagEstimator`: the time lag of a committed offset from (end offset, time) samples of the
-  partition, for when the log cannot be read (kafka-lag-exporter's lookup table; `model`).
+  partition, for when the log cannot be read (kafka-lag-exporter's lookup table; `estimator`).
 - Health with Burrow's rules: `evaluate_partition`, `evaluate_group`, `CommitWindow` and the
   rest of `consumers.ops.health`, re-exported here. docs/health.md explains both.
 - `LagMonitor`: the lag model of groups on a cluster, per group, topic and partition: committed
@@ -12,10 +12,13 @@ the oldest of them was written, and whether the group is healthy.
   policy's desired replicas (`GroupLag`, `PartitionLag`). docs/operations.md explains the model,
   `docstream lag` prints it, `consumers.ops.exporter` serves it to Prometheus.
 
-model.py    the pure model: estimator, targets, `PartitionLag` / `GroupLag` / `LagSnapshot`, and
-            `LagModel`, the state between samples and a group's lag from the offsets read
-reader.py   the Kafka reads (`LagReader`, `offset_lag`): clients from `docstream.kafka`
-monitor.py  `LagMonitor`: the reader wired into the model, one sample at a time
+model.py      the pure model: `LagModel`, the state between samples and a group's lag from the
+              offsets read
+estimator.py  `TimeLagEstimator`: the time lag of an offset from end-offset samples (pure)
+snapshot.py   what a sample says: `PartitionLag` / `GroupLag` / `LagSnapshot` (pure)
+targets.py    the groups to watch: `GroupTarget`, `declared_targets`, `resolve_targets` (pure)
+reader.py     the Kafka reads (`LagReader`, `offset_lag`): clients from `docstream.kafka`
+monitor.py    `LagMonitor`: the reader wired into the model, one sample at a time
 """
 
 from __future__ import annotations
@@ -32,22 +35,12 @@ from consumers.ops.health import (
     group_health,
     partition_health,
 )
-from consumers.ops.lag.model import (
-    DEFAULT_MAX_SAMPLES,
-    DEFAULT_RATE_WINDOW_S,
-    EndOffsetSample,
-    GroupLag,
-    GroupTarget,
-    LagSnapshot,
-    NoSamplesError,
-    PartitionLag,
-    TimeLagEstimator,
-    declared_targets,
-    resolve_targets,
-    scaling_config,
-)
+from consumers.ops.lag.estimator import DEFAULT_MAX_SAMPLES, EndOffsetSample, NoSamplesError, TimeLagEstimator
+from consumers.ops.lag.model import DEFAULT_RATE_WINDOW_S, scaling_config
 from consumers.ops.lag.monitor import LagMonitor
 from consumers.ops.lag.reader import offset_lag
+from consumers.ops.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
+from consumers.ops.lag.targets import GroupTarget, declared_targets, resolve_targets
 
 __all__ = [
     "DEFAULT_INTERVALS",

@@ -1,11 +1,8 @@
 """The lag model of consumer groups (pure: no Kafka client here; the reads are in `reader`).
 
-One cohesive model, hence one module over the usual size: the time lag of an offset from
-end-offset samples (`TimeLagEstimator`, kafka-lag-exporter's lookup table), the groups to watch
-(`GroupTarget`, `declared_targets`, `resolve_targets`), what a sample says of a partition and a
-group (`PartitionLag`, `GroupLag`, `LagSnapshot`), and `LagModel`: the state kept between
-samples (per partition: Burrow's commit window, the rate history; per group: the scaling policy)
-and the computation of a group's lag, rates, health and scaling decision from the offsets read.
+`LagModel`: the state kept between samples (per partition: Burrow's commit window, the rate
+history, a `TimeLagEstimator`; per group: the scaling policy) and the computation of a group's
+lag, rates, health and scaling decision from the offsets read, as a `GroupLag` (`snapshot`).
 """
 
 from __future__ import annotations
@@ -14,8 +11,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from consumers.ops.health import (
     DEFAULT_INTERVALS,
@@ -28,303 +24,22 @@ from consumers.ops.health import (
     group_health,
 )
 from consumers.ops.hpa import hpa_signal
+from consumers.ops.lag.estimator import TimeLagEstimator
+from consumers.ops.lag.snapshot import GroupLag, PartitionLag, TimeLagSource, TopicPartitionKey
 from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
-from docstream.errors import DocstreamError
-from docstream.topology import GROUPS, group_id, group_inputs, resolve_group
 
 if TYPE_CHECKING:
     from docstream.settings import ScalingSettings
 
 _log = logging.getLogger("consumers.ops.lag")
 
-DEFAULT_MAX_SAMPLES = 60
-"""kafka-lag-exporter's default lookup-table size: samples kept per partition."""
-
-
-class NoSamplesError(DocstreamError, LookupError):
-    """A `TimeLagEstimator` was asked for an estimate before it had any sample."""
-
-
-class EndOffsetSample(NamedTuple):
-    """The log-end offset of a partition observed at `time_ms` (epoch milliseconds)."""
-
-    offset: int
-    time_ms: int
-
-
-class TimeLagEstimator:
-    """Estimates when an offset of one partition was written, from (end offset, time) samples.
-
-    kafka-lag-exporter's lookup table (`LookupTable.scala` in seglo/kafka-lag-exporter): feed it
-    the partition's end offset at each poll; `estimate(offset)` is then the time the record at
-    `offset` was written, and `time_lag_ms(committed, now)` how long ago the oldest record the
-    group has not consumed was written, without reading the log.
-
-    Samples (`add`):
-
-    - at most `max_samples` (default 60), the oldest evicted first;
-    - a sample whose time is not after the newest sample's, or whose offset is below the newest
-      sample's, is ignored (returns False): the table stays increasing in time and non-decreasing
-      in offset. An end offset that went backwards (a topic deleted and recreated) is only
-      sampled again once it passes the old one; call `clear` to start over;
-    - flat runs are compressed: when the end offset does not move for several samples, only the
-      first and the last sample of the run are kept (the last one is moved forward in time).
-
-    Estimates (`estimate`), with the samples p0 .. pn, oldest first:
-
-    - `offset` equal to pn's offset: pn's time;
-    - otherwise, linear interpolation in the newest pair pi, pi+1 with
-      pi.offset <= offset <= pi+1.offset (and pi.offset < pi+1.offset);
-    - outside the samples, linear extrapolation along the line through p0 and pn (the average
-      rate over the whole table), as kafka-lag-exporter does;
-    - with a single distinct offset v (one sample, or one flat run) there is no rate: offsets
-      below v get p0's time, offsets from v up pn's time.
-
-    A flat run (v, t1) .. (v, t3) followed by (w, t4) gives `estimate(v) = t3`, not t1: the end
-    offset was still v at t3, so the record at offset v was written between t3 and t4, and a
-    consumer committed at v had nothing to consume until t3 (its time lag is now - t3). t1 is
-    used for the offsets below v: the segment before the run ends at (v, t1), the first time
-    the end offset was seen at v.
-    """
-
-    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES) -> None:
-        if max_samples < 2:
-            raise ValueError(f"max_samples must be at least 2, not {max_samples}")
-        self.max_samples = max_samples
-        self._samples: deque[EndOffsetSample] = deque(maxlen=max_samples)
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    @property
-    def samples(self) -> tuple[EndOffsetSample, ...]:
-        """The table, oldest first."""
-        return tuple(self._samples)
-
-    def clear(self) -> None:
-        """Forget every sample."""
-        self._samples.clear()
-
-    def add(self, offset: int, time_ms: int) -> bool:
-        """Record that the end offset was `offset` at `time_ms`; False when the sample is ignored."""
-        samples = self._samples
-        if samples:
-            newest = samples[-1]
-            if time_ms <= newest.time_ms or offset < newest.offset:
-                return False
-            if len(samples) > 1 and newest.offset == offset == samples[-2].offset:
-                samples[-1] = EndOffsetSample(offset, time_ms)
-                return True
-        samples.append(EndOffsetSample(offset, time_ms))  # the deque evicts the oldest when full
-        return True
-
-    def estimate(self, offset: int) -> float:
-        """The estimated time (epoch ms) the record at `offset` was written; see the class doc."""
-        samples = self._samples
-        if not samples:
-            raise NoSamplesError("no end-offset samples yet: nothing to estimate a time from")
-        first, newest = samples[0], samples[-1]
-        if offset == newest.offset:
-            return float(newest.time_ms)
-        for i in range(len(samples) - 1, 0, -1):
-            left, right = samples[i - 1], samples[i]
-            if left.offset <= offset <= right.offset and left.offset < right.offset:
-                return _on_line(left, right, offset)
-        if first.offset == newest.offset:
-            return float(first.time_ms if offset < first.offset else newest.time_ms)
-        return _on_line(first, newest, offset)
-
-    def time_lag_ms(self, committed_offset: int, now_ms: int) -> float:
-        """How long ago the first record not committed was written: now - estimate, at least 0.
-
-        0 when `committed_offset` is at or past the newest sampled end offset (nothing left to
-        consume as far as the table knows), as kafka-lag-exporter's `LagIsZero`.
-        """
-        if not self._samples:
-            raise NoSamplesError("no end-offset samples yet: nothing to estimate a time lag from")
-        if committed_offset >= self._samples[-1].offset:
-            return 0.0
-        return max(0.0, now_ms - self.estimate(committed_offset))
-
-
-def _on_line(a: EndOffsetSample, b: EndOffsetSample, offset: int) -> float:
-    """The time at `offset` on the line through a and b (a.offset != b.offset), anchored at a.
-
-    Integer products and one correctly rounded division: exact at a, monotone in `offset`.
-    """
-    return a.time_ms + ((offset - a.offset) * (b.time_ms - a.time_ms)) / (b.offset - a.offset)
-
-
-# ---------------------------------------------------------------------------------------------
-# The lag model: what a sample says of groups and partitions, and the state between samples.
-
 DEFAULT_RATE_WINDOW_S = 60.0
 """Rates are measured over the samples of the last minute (at least two samples)."""
-TimeLagSource = Literal["log", "estimate", "caught up", "unknown"]
-
-
-@dataclass(frozen=True)
-class GroupTarget:
-    """A group to watch: its id and the topics it is known to read.
-
-    The topics the group has committed offsets on are added at every sample, so `topics` only
-    needs the ones it may not have committed on yet (declared inputs).
-    """
-
-    group: str
-    topics: tuple[str, ...] = ()
-
-
-def declared_targets(prefix: str = "docstream.") -> list[GroupTarget]:
-    """docstream's groups (`docstream.topology.GROUPS`) with every topic they read (the warehouse
-    sink's include the dead-letter topics it reads)."""
-    return [GroupTarget(group_id(spec.name, prefix), group_inputs(spec, prefix)) for spec in GROUPS]
-
-
-def resolve_targets(names: Sequence[str], prefix: str = "docstream.") -> list[GroupTarget]:
-    """Targets for group names: a declared short name (`ocr`) or group id (`docstream.ocr`) gets
-    its declared topics; any other name is taken as a group id, its topics from its commits."""
-    out: list[GroupTarget] = []
-    for name in names:
-        ref = resolve_group(name, prefix)
-        target = GroupTarget(ref.id, ref.topics) if ref.name is not None else GroupTarget(ref.id)
-        if target not in out:
-            out.append(target)
-    return out
 
 
 def scaling_config(settings: ScalingSettings) -> ScalingConfig:
     """The `ScalingConfig` of the settings' `scaling` section."""
     return ScalingConfig(**settings.model_dump())
-
-
-TopicPartitionKey = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    """One partition of one group at one sample.
-
-    offset_lag: end_offset - committed_offset (or - the partition's start offset when the group has
-      not committed on it: where a new member starts, auto.offset.reset=earliest), at least 0.
-    time_lag_s: now - the timestamp of the record at the committed offset (the oldest record the
-      group has not consumed), at least 0; 0 when caught up; None when unknown.
-    time_lag_source: "log" (the record was read), "estimate" (`TimeLagEstimator`, when the log
-      could not be read), "caught up" (offset lag 0), "unknown".
-    arrival_rate / completion_rate: events/s, (end offset, committed offset) differences over
-      the sampling window; None until there are two samples.
-    status: Burrow's partition status (OK, WARN, STOP, STALL, REWIND); see `LagMonitor`.
-    """
-
-    topic: str
-    partition: int
-    committed_offset: int | None
-    end_offset: int
-    offset_lag: int
-    time_lag_s: float | None
-    time_lag_source: TimeLagSource
-    arrival_rate: float | None
-    completion_rate: float | None
-    status: HealthStatus
-    consumer_id: str | None = None
-    host: str | None = None
-    client_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["status"] = self.status.name
-        return out
-
-
-@dataclass(frozen=True)
-class GroupLag:
-    """One group at one sample: its partitions and the summary.
-
-    lag: offset lag summed over the partitions. max_time_lag_s: the largest partition time lag
-    (None when none is known). arrival_rate / completion_rate: sums over the partitions (events/s),
-    measured over `rate_window_s`. backlog_s: lag / completion_rate, how long the group needs for
-    its backlog at its current pace: 0 without lag, `math.inf` when it completes nothing while it
-    has lag, None while the rates are unknown. status: Burrow's group status (OK, WARN, ERR), or
-    NOTFOUND for a group the cluster does not know (no members, no commits). decision: the scaling
-    policy's (None until the rates are known), hpa_signal the metric value for an HPA with an
-    AverageValue target of 1 (`consumers.ops.hpa.hpa_signal`).
-    """
-
-    group: str
-    found: bool
-    state: str
-    members: int
-    partitions: tuple[PartitionLag, ...]
-    lag: int
-    max_time_lag_s: float | None
-    arrival_rate: float | None
-    completion_rate: float | None
-    backlog_s: float | None
-    rate_window_s: float | None
-    status: HealthStatus
-    decision: Decision | None
-    hpa_signal: float | None
-
-    @property
-    def topics(self) -> list[str]:
-        return sorted({p.topic for p in self.partitions})
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able: statuses by name; an infinite backlog is null with `backlog_unbounded` true."""
-        decision = self.decision
-        return {
-            "group": self.group,
-            "found": self.found,
-            "state": self.state,
-            "members": self.members,
-            "topics": self.topics,
-            "lag": self.lag,
-            "max_time_lag_s": self.max_time_lag_s,
-            "arrival_rate": self.arrival_rate,
-            "completion_rate": self.completion_rate,
-            "backlog_s": None if self.backlog_s is None or math.isinf(self.backlog_s) else self.backlog_s,
-            "backlog_unbounded": self.backlog_s is not None and math.isinf(self.backlog_s),
-            "rate_window_s": self.rate_window_s,
-            "status": self.status.name,
-            "desired_replicas": decision.desired_replicas if decision else None,
-            "decision": None
-            if decision is None
-            else {
-                "desired_replicas": decision.desired_replicas,
-                "current_replicas": decision.current_replicas,
-                "rule": decision.rule.value,
-                "recommendation": decision.recommendation,
-                "lower": decision.lower,
-                "cap": decision.cap,
-                "service_rate": decision.service_rate,
-                "service_rate_source": decision.service_rate_source,
-                "reason": decision.reason,
-            },
-            "hpa_signal": self.hpa_signal,
-            "partitions": [p.to_dict() for p in self.partitions],
-        }
-
-
-@dataclass(frozen=True)
-class LagSnapshot:
-    """Every watched group at one sample; `refresh_s` is how long the sample took."""
-
-    time_ms: int
-    refresh_s: float
-    groups: tuple[GroupLag, ...]
-
-    def group(self, name: str) -> GroupLag:
-        for g in self.groups:
-            if g.group == name:
-                return g
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "time_ms": self.time_ms,
-            "refresh_s": round(self.refresh_s, 6),
-            "groups": [g.to_dict() for g in self.groups],
-        }
 
 
 class _PartitionState:

@@ -7,16 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from consumers.ops.health import DEFAULT_INTERVALS
-from consumers.ops.lag.model import (
-    DEFAULT_RATE_WINDOW_S,
-    GroupTarget,
-    LagModel,
-    LagSnapshot,
-    TopicPartitionKey,
-    declared_targets,
-    resolve_targets,
-    scaling_config,
-)
+from consumers.ops.lag.model import DEFAULT_RATE_WINDOW_S, LagModel, scaling_config
 from consumers.ops.lag.reader import (
     DEFAULT_READ_TIMEOUT_S,
     EARLIEST,
@@ -24,6 +15,8 @@ from consumers.ops.lag.reader import (
     LATEST,
     LagReader,
 )
+from consumers.ops.lag.snapshot import LagSnapshot, TopicPartitionKey
+from consumers.ops.lag.targets import GroupTarget, declared_targets, resolve_targets
 from consumers.ops.scaling import ScalingConfig
 from docstream.kafka.config import connection_config
 

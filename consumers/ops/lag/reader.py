@@ -31,7 +31,8 @@ from confluent_kafka import (
 )
 from confluent_kafka import KafkaError as KafkaErrorCode
 
-from consumers.ops.lag.model import GroupTarget, TopicPartitionKey
+from consumers.ops.lag.snapshot import TopicPartitionKey
+from consumers.ops.lag.targets import GroupTarget
 from docstream.errors import KafkaError
 from docstream.kafka import clients
 from docstream.kafka.errors import code, translate
