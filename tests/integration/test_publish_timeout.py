@@ -26,6 +26,7 @@ from infra.topics import ensure_topics
 from producers.events import DOC_UPLOADED_EVENT
 from producers.publisher import Publisher
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 
 @pytest.fixture
@@ -78,4 +79,6 @@ def test_a_timed_out_publish_published_again_is_one_upload_downstream(
         (row[1], row[0], row[5]) for row in rows
     }  # the uploads table's key: tenant, document, uploaded_at
     assert len(identity) == 1  # one `uploads` row: (tenant, document, uploaded_at) is its key
-    assert len({completion_key("ocr", "v1", event) for event in events}) == 1  # one completion per stage
+    assert (
+        len({completion_key("ocr", "v1", DocUploaded.from_record(event)) for event in events}) == 1
+    )  # one completion per stage

@@ -43,6 +43,7 @@ from docstream.cli.warehouse import DDL_DIR
 from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 T0 = 1_735_787_045_000  # epoch ms
 CHUNKING_1, CHUNKING_2 = "m@1:chunks120/20", "m@1:chunks200/40"  # one model, two chunkings
@@ -241,7 +242,18 @@ def test_completions_through_kafka_and_the_sink_keep_the_version_computed_last(
     create_topics(kafka_bootstrap, [embedded, f"{group}.retry", f"{group}.dlq"], 2)
     codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
     sha = uuid.uuid5(uuid.NAMESPACE_OID, "doc-1").hex * 2
-    upload = {"document_id": "doc-1", "tenant": "acme", "content_sha256": sha, "uploaded_at": T0 - 60_000}
+    upload = DocUploaded.from_record(
+        {
+            "document_id": "doc-1",
+            "tenant": "acme",
+            "content_sha256": sha,
+            "size_bytes": 1,
+            "content_type": "text/plain",
+            "blob_uri": "file:///doc-1",
+            "uploaded_at": T0 - 60_000,
+            "trace": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        }
+    )
 
     def emitted(version: str, stored: dict[str, Any], computed_ms: int | None, emitted_ms: int) -> bytes:
         key = idempotency_key(sha, "embeddings", version)
