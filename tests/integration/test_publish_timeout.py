@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kafka_helpers import read_messages
+from typed_records import upload_event
 
 from consumers.analytics.windows import WindowFold, upload_from_record
 from consumers.warehouse.sink import upload_row
@@ -74,7 +75,7 @@ def test_a_timed_out_publish_published_again_is_one_upload_downstream(
     fold = WindowFold()
     assert [fold.add(upload_from_record(event)) for event in events] == [True, False]
     assert fold.duplicates == 1
-    rows = [upload_row(event, 0, offset) for offset, event in enumerate(events)]
+    rows = [upload_row(upload_event(event), 0, offset) for offset, event in enumerate(events)]
     identity = {
         (row[1], row[0], row[5]) for row in rows
     }  # the uploads table's key: tenant, document, uploaded_at

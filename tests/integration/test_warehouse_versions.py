@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
+from typed_records import completion_event
 
 from consumers.runtime import Worker
 from consumers.stage import completion
@@ -87,7 +88,9 @@ def event(
 
 
 def insert_results(warehouse: Warehouse, *events: dict[str, Any]) -> None:
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(e) for e in events], STAGE_RESULT_COLUMNS)
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(e)) for e in events], STAGE_RESULT_COLUMNS
+    )
 
 
 def current(warehouse: Warehouse) -> list[tuple[str, str, str, datetime]]:
@@ -168,7 +171,9 @@ def test_rows_from_before_the_migration_read_computed_at_as_completed_at(tmp_pat
     old_row = dict(
         zip(
             STAGE_RESULT_COLUMNS,
-            stage_result_row(event("ocr", "doc-1", "ocr-v1", computed=T0, completed=T0 + 1000, **OCR)),
+            stage_result_row(
+                completion_event(event("ocr", "doc-1", "ocr-v1", computed=T0, completed=T0 + 1000, **OCR))
+            ),
             strict=True,
         )
     )
@@ -206,7 +211,11 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
     v1 = event("embeddings", "doc-1", CHUNKING_1, computed=T0, completed=T0 + 1000, chunks=2)
     v2 = event("embeddings", "doc-1", CHUNKING_2, computed=T0 + 10_000, completed=T0 + 11_000, chunks=1)
     other = event("embeddings", "doc-2", "other@2:chunks120/20", computed=T0, completed=T0 + 1000, chunks=2)
-    chunks = chunk_rows(v1, FIRST) + chunk_rows(v2, SECOND) + chunk_rows(other, FIRST)
+    chunks = (
+        chunk_rows(completion_event(v1), FIRST)
+        + chunk_rows(completion_event(v2), SECOND)
+        + chunk_rows(completion_event(other), FIRST)
+    )
     warehouse.insert(CHUNKS, chunks, CHUNK_COLUMNS)
     insert_results(warehouse, v1, v2, other)
 
@@ -229,7 +238,7 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
 
     # The old chunking re-emitted later (a worker still on it, redelivered): the current stays.
     insert_results(warehouse, {**v1, "completed_at": utc(T0 + 600_000)})
-    warehouse.insert(CHUNKS, chunk_rows(v1, FIRST), CHUNK_COLUMNS)
+    warehouse.insert(CHUNKS, chunk_rows(completion_event(v1), FIRST), CHUNK_COLUMNS)
     assert hits(warehouse, "m@1") == only_current
 
 
