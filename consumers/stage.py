@@ -21,7 +21,9 @@ in this order:
 
 A stage supplies `prepare` (an input event -> the work it asks for, or None) and `summarise`
 (stored result object -> completion fields). A stage that reads uploads only derives from
-`UploadStage` and supplies `compute(upload, content)` instead of `prepare`. Which stages exist,
+`UploadStage` and supplies `compute(upload, content)` instead of `prepare`. Input events reach
+a stage as typed, frozen values (`schemas.events`: `DocUploaded`, `DocOcrDone` ...), built by the
+decoder once the decoded record passed docstream.validation. Which stages exist,
 what they read and what they emit is declared once, in `docstream.topology.STAGES`.
 """
 
@@ -37,22 +39,25 @@ from typing import Any, Protocol
 
 from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
+from consumers.runtime.message import Message
 from docstream.blobstore import BlobStore
-from docstream.idempotency import completion_key, idempotency_key
+from docstream.errors import InvalidEventError
+from docstream.idempotency import completion_key, idempotency_key, upload_time
 from docstream.topology import UPLOAD_EVENT
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
+from schemas.events import Completion, DocUploaded, Event, event_from_record
 
 Compute = Callable[[], tuple[bytes, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Input:
-    """A decoded, checked input event: its type (`doc.uploaded`, `doc.ocr.done`, ...), its fields,
-    and the offset it was first published at (a retry carries the original's)."""
+    """A decoded, checked input event: its type (`doc.uploaded`, `doc.ocr.done`, ...), its typed
+    value, and the offset it was first published at (a retry carries the original's)."""
 
     event_type: str
-    record: dict[str, Any]
+    event: Event
     offset: int
 
 
@@ -69,7 +74,7 @@ class Work:
     """What an input asks of a stage: the effect under `version` for `document` (an upload, or a
     completion naming its upload), computed by `compute` when no result exists yet."""
 
-    document: Mapping[str, Any]
+    document: DocUploaded | Completion
     version: str
     upload_offset: int | None  # the doc.uploaded offset: the warehouse's current row is the latest's
     compute: Compute
@@ -81,10 +86,10 @@ class Inputs:
     def __init__(self, blobs: BlobStore, limits: Limits = DEFAULT_LIMITS) -> None:
         self._blobs, self._limits = blobs, limits
 
-    def document(self, upload: Mapping[str, Any]) -> Document:
+    def document(self, upload: DocUploaded) -> Document:
         """The upload's bytes (inside the store, hashed, sized) and its pages' text, within the limits."""
-        content = self._blobs.get_document(upload["blob_uri"], upload["content_sha256"], upload["size_bytes"])
-        return Document(content, inspect_document(content, upload["content_type"], self._limits))
+        content = self._blobs.get_document(upload.blob_uri, upload.content_sha256, upload.size_bytes)
+        return Document(content, inspect_document(content, upload.content_type, self._limits))
 
     def result(self, stage: str, key: str, uri: str) -> bytes:
         """Another stage's result object under `key`, only if `uri` names that very object."""
@@ -120,7 +125,7 @@ class UploadStage:
     result_event: str
     version: str
 
-    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
         """The result object (bytes to store) and the stage's own completion fields."""
         raise NotImplementedError
 
@@ -128,7 +133,9 @@ class UploadStage:
         raise NotImplementedError
 
     def prepare(self, event: Input, inputs: Inputs) -> Work | None:
-        upload = event.record
+        upload = event.event
+        if not isinstance(upload, DocUploaded):
+            raise InvalidEventError(f"a {event.event_type} event where a stage reads doc.uploaded only")
         document = inputs.document(upload)
         return Work(upload, self.version, event.offset, lambda: self.compute(upload, document.content))
 
@@ -185,9 +192,10 @@ def stage_handler(
     effects = Effects(blobs, codec, clock, outcomes=outcomes, emit_reused=emit_reused)
     inputs = Inputs(blobs, limits)
 
-    def handle(message: Any, ctx: Context) -> None:
+    def handle(message: Message, ctx: Context) -> None:
         started = clock()
-        work = stage.prepare(ctx.record, inputs)  # 0.
+        event: Input = ctx.record  # what stage_decoder made of the message
+        work = stage.prepare(event, inputs)  # 0.
         if work is None:
             effects.counts.add("ignored")
             return
@@ -227,14 +235,14 @@ class Effects:
         kafka_key: bytes | None,
         stage: Output,
         version: str,
-        document: Mapping[str, Any],
+        document: DocUploaded | Completion,
         *,
         upload_offset: int | None,
         compute: Callable[[], tuple[bytes, dict[str, Any]]],
         started: float,
     ) -> None:
         """The effect of `stage` at `version` on `document`, and its completion event, once."""
-        key = idempotency_key(document["content_sha256"], stage.name, version)  # 1.
+        key = idempotency_key(document.content_sha256, stage.name, version)  # 1.
         ckey = completion_key(stage.name, version, document)
         recorded = self._blobs.get_completion(stage.name, ckey)  # 2.
         if recorded is not None:
@@ -289,7 +297,7 @@ def completion(
     stage: str,
     version: str,
     blobs: BlobStore,
-    document: Mapping[str, Any],
+    document: DocUploaded | Completion,
     key: str,
     fields: dict[str, Any],
     started: float,
@@ -307,9 +315,9 @@ def completion(
     completed_at = int(clock() * 1000)
     computed_at = blobs.result_time(stage, key)
     return {
-        "document_id": document["document_id"],
-        "tenant": document["tenant"],
-        "content_sha256": document["content_sha256"],
+        "document_id": document.document_id,
+        "tenant": document.tenant,
+        "content_sha256": document.content_sha256,
         "idempotency_key": key,
         "stage": stage,
         "model_version": version,
@@ -317,8 +325,8 @@ def completion(
         "completed_at": completed_at,
         "computed_at": completed_at if computed_at is None else computed_at,
         "processing_ms": int((clock() - started) * 1000),
-        "upload_at": document.get("uploaded_at", document.get("upload_at")),
-        "content_type": document.get("content_type"),  # an older doc.ocr.done has none: None
+        "upload_at": upload_time(document),
+        "content_type": document.content_type,  # an older doc.ocr.done has none: None
         "upload_offset": upload_offset,
         **fields,
     }
@@ -326,14 +334,15 @@ def completion(
 
 def stage_decoder(
     codec: Codec, limits: Limits = DEFAULT_LIMITS, event_types: Mapping[str, str] | None = None
-) -> Callable[[Any, Context], Input]:
+) -> Callable[[Message, Context], Input]:
     """The runtime decoder of a stage: the event type is that of the topic the record was first
     published to (`event_types`: topic -> event type; a topic not named there carries uploads);
     undecodable or invalid events (docstream.validation, times checked against the record's first
-    Kafka timestamp) go to the dead-letter topic."""
+    Kafka timestamp) go to the dead-letter topic. Validation reads the decoded record (it checks
+    untrusted values, whatever their type); the typed value is built from it once it passed."""
     types = dict(event_types or {})
 
-    def decode(message: Any, ctx: Context) -> Input:
+    def decode(message: Message, ctx: Context) -> Input:
         topic, _, offset, produced_at = ctx.origin
         event_type = types.get(topic, UPLOAD_EVENT)
         record: dict[str, Any] = codec.decode(
@@ -343,6 +352,6 @@ def stage_decoder(
             validate_upload(record, limits, produced_at_ms=produced_at)
         else:
             validate_completion(record, limits, produced_at_ms=produced_at)
-        return Input(event_type, record, offset)
+        return Input(event_type, event_from_record(event_type, record), offset)
 
     return decode

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+
+from schemas.events import Completion, DocUploaded
 
 
 def idempotency_key(content_sha256: str, stage: str, version: str) -> str:
@@ -23,25 +23,22 @@ def idempotency_key(content_sha256: str, stage: str, version: str) -> str:
     return hashlib.sha256(material).hexdigest()
 
 
-def completion_key(stage: str, version: str, document: Mapping[str, Any]) -> str:
+def upload_time(document: DocUploaded | Completion) -> datetime:
+    """When the upload a document event is about was accepted: an upload's `uploaded_at`, a
+    completion's `upload_at` (copied from its upload)."""
+    return document.uploaded_at if isinstance(document, DocUploaded) else document.upload_at
+
+
+def completion_key(stage: str, version: str, document: DocUploaded | Completion) -> str:
     """The key of a stage's completion event for one upload of a document.
 
     An upload is (tenant, document id, upload time, content): the same event redelivered, replayed
     or re-published identically after a timeout has one key, so its completion is emitted with the
-    same fields every time and counts once downstream. `document` is a doc.uploaded record, or a
+    same fields every time and counts once downstream. `document` is a doc.uploaded, or a
     completion that carries the upload's fields (`upload_at`), as doc.ocr.done does for embeddings.
     """
-    uploaded = document.get("uploaded_at", document.get("upload_at"))
-    if isinstance(uploaded, datetime):
-        uploaded = math.floor(uploaded.timestamp() * 1000 + 0.5)
+    uploaded = math.floor(upload_time(document).timestamp() * 1000 + 0.5)
     material = "\x00".join(
-        [
-            stage,
-            version,
-            document["tenant"],
-            document["document_id"],
-            str(uploaded),
-            document["content_sha256"],
-        ],
+        [stage, version, document.tenant, document.document_id, str(uploaded), document.content_sha256],
     )
     return hashlib.sha256(material.encode()).hexdigest()

@@ -5,6 +5,9 @@ of `doc.uploaded`). The modules:
 
 - `catalog`: loads every shipped schema once, with its CRC-64-AVRO fingerprint.
 - `codec`: turns events into bytes and back (Avro single-object encoding by default).
+- `events`: the typed, frozen value of each event type (`DocUploaded`, `DocOcrDone` ...), with
+  `from_record` / `to_record`; generated from the latest schemas by `generate`
+  (`python -m schemas.generate`; a unit test fails when the two differ).
 - `registry`: the same through a Confluent Schema Registry (imported only when one is configured).
 - `compat`: the registry's compatibility rules, as a pure function (`docstream schemas check`).
 - `avro`: schema parsing and the validity checks fastavro leaves out.

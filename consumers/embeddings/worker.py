@@ -19,7 +19,8 @@ from consumers.stage import Input, Inputs, Work
 from docstream.errors import InvalidEventError
 from docstream.idempotency import idempotency_key
 from docstream.settings import Settings
-from docstream.topology import EMBEDDED, UPLOAD_EVENT
+from docstream.topology import EMBEDDED
+from schemas.events import DocOcrDone, DocUploaded
 
 if TYPE_CHECKING:  # types only: the model module loads onnxruntime
     from consumers.embeddings.model import EmbeddingModel
@@ -63,28 +64,30 @@ class EmbeddingStage:
     def prepare(self, event: Input, inputs: Inputs) -> Work | None:
         """Pages with text ask for the effect; an upload with pages that need OCR waits for its
         doc.ocr.done, and a doc.ocr.done without OCR'd pages was embedded from its upload."""
-        record = event.record
-        if event.event_type == UPLOAD_EVENT:
-            texts = inputs.document(record).texts
+        done = event.event
+        if isinstance(done, DocUploaded):
+            texts = inputs.document(done).texts
             if not all(text.strip() for text in texts):
                 return None  # some pages need OCR: wait for doc.ocr.done
             pages: Pages = list(enumerate(texts, start=1))
-            return Work(record, self.version, event.offset, lambda: self.compute(pages))
-        if record["stage"] != "ocr":
-            raise InvalidEventError(f"a {record['stage']!r} completion where doc.ocr.done is read")
-        if record["pages_ocr"] == 0:
+            return Work(done, self.version, event.offset, lambda: self.compute(pages))
+        if not isinstance(done, DocOcrDone):
+            raise InvalidEventError(f"a {event.event_type} event where doc.uploaded or doc.ocr.done is read")
+        if done.stage != "ocr":
+            raise InvalidEventError(f"a {done.stage!r} completion where doc.ocr.done is read")
+        if done.pages_ocr == 0:
             return None  # no OCR was needed: the upload was embedded already
-        key = idempotency_key(record["content_sha256"], "ocr", record["model_version"])
-        if record["idempotency_key"] != key:
+        key = idempotency_key(done.content_sha256, "ocr", done.model_version)
+        if done.idempotency_key != key:
             raise InvalidEventError(
-                f"doc.ocr.done idempotency_key {record['idempotency_key']} is not the key of its content"
+                f"doc.ocr.done idempotency_key {done.idempotency_key} is not the key of its content"
                 f" and OCR version ({key})"
             )
-        stored = json.loads(inputs.result("ocr", key, record["result_uri"]))
+        stored = json.loads(inputs.result("ocr", key, done.result_uri))
         read: Pages = [(int(p["page"]), str(p["text"])) for p in stored["pages"]]
         # Text read by OCR depends on the OCR version too: a re-read (bumped OCR) is embedded anew.
-        version = f"{self.version}+{record['model_version']}"
-        return Work(record, version, record.get("upload_offset"), lambda: self.compute(read))
+        version = f"{self.version}+{done.model_version}"
+        return Work(done, version, done.upload_offset, lambda: self.compute(read))
 
     def compute(self, pages: Pages) -> tuple[bytes, dict[str, Any]]:
         chunks: list[dict[str, Any]] = [

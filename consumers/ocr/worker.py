@@ -21,6 +21,7 @@ from consumers.pages import Page, plain_text, render_pages
 from consumers.stage import UploadStage
 from docstream.settings import OcrSettings, Settings
 from docstream.topology import OCR_DONE
+from schemas.events import DocUploaded
 
 if TYPE_CHECKING:  # types only: importing the engine loads rapidocr and cv2
     from consumers.ocr.engine import ImageArray, PageText
@@ -57,8 +58,8 @@ class OcrStage(UploadStage):
         self.result_topic = result_topic
         self.version = ocr_version(settings)
 
-    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
-        pages = self._pages(upload["content_type"], content)
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+        pages = self._pages(upload.content_type, content)
         numbers, images = [], []
         for page in pages:
             if page.image is not None:

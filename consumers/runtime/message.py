@@ -11,7 +11,7 @@ one that failed. Most events never need one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from consumers.runtime import headers as hdr
@@ -71,6 +71,27 @@ class Event:
         )
 
 
+class Message(Protocol):
+    """What handlers and decoders read of the message they are given: a consumed
+    `confluent_kafka.Message` (headers as a list of (name, value) pairs, as a consumer reads them)."""
+
+    def key(self) -> bytes | None: ...
+
+    def value(self) -> bytes | None: ...
+
+    def topic(self) -> str | None: ...
+
+    def partition(self) -> int | None: ...
+
+    def offset(self) -> int | None: ...
+
+    def headers(self) -> Sequence[tuple[str, str | bytes | None]] | None: ...
+
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, epoch ms)."""
+        ...
+
+
 class Context(Protocol):
     """What the runtime tells a handler about the message it handles, and how it emits."""
 
@@ -105,7 +126,7 @@ class Context(Protocol):
 class Handler(Protocol):
     """A stage's work on one message. Raise TransientError / PermanentError to classify."""
 
-    def __call__(self, message: Any, ctx: Context) -> None: ...
+    def __call__(self, message: Message, ctx: Context) -> None: ...
 
 
-Decoder = Callable[[Any, Context], Any]  # (message, ctx) -> record; raise DecodeError if it can't
+Decoder = Callable[[Message, Context], Any]  # (message, ctx) -> record; raise DecodeError if it can't

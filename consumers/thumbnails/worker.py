@@ -19,6 +19,7 @@ from docstream.blobstore import BlobStore
 from docstream.settings import Settings, ThumbnailSettings
 from docstream.topology import THUMBNAILED
 from docstream.validation import IMAGE_TYPES, PDF
+from schemas.events import DocUploaded
 
 VERSION = "webp-1"
 
@@ -42,8 +43,8 @@ class ThumbnailStage(UploadStage):
         self.result_topic = result_topic
         self.version = thumbnail_version(settings)
 
-    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
-        content_type = upload["content_type"]
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+        content_type = upload.content_type
         sizes: list[dict[str, Any]] = []
         if content_type == PDF or content_type in IMAGE_TYPES:
             largest = max(self._settings.long_sides)

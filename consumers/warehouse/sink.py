@@ -26,9 +26,10 @@ Only then may the runtime store the messages' offsets. An insert repeated after 
 retry is harmless: every table is a ReplacingMergeTree keyed by the row's identity.
 
 The row builders (`upload_row`, `stage_result_row`, `chunk_rows`, `dead_letter_row`,
-`rollup_row`) and `write_batch` are pure functions. The sink's worker should allow at least
-`batch_rows` messages in flight, or batches will close on time rather than on size (see
-`sink_runtime`).
+`rollup_row`) and `write_batch` are pure functions; the event rows are built from the events'
+typed values (`schemas.events`), made once the decoded record passed validation. The sink's
+worker should allow at least `batch_rows` messages in flight, or batches will close on time
+rather than on size (see `sink_runtime`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from consumers.runtime import Context
 from consumers.runtime import headers as hdr
+from consumers.runtime.message import Message
 from docstream import validation
 from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError, PermanentError
@@ -52,6 +54,13 @@ from docstream.settings import RuntimeSettings
 from docstream.topology import DEAD_LETTERED_GROUPS, EVENT_TYPES, ROLLUPS, STAGES, dead_letter_topic, group_id
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
+from schemas.events import (
+    Completion,
+    DocEmbedded,
+    DocOcrDone,
+    DocUploaded,
+    event_from_record,
+)
 
 if TYPE_CHECKING:  # the row builders and the batcher import no ClickHouse client
     from consumers.warehouse.store import Warehouse
@@ -157,21 +166,21 @@ Origin = tuple[str, int, int, int]  # where a record was first published: topic,
 # -- rows (pure) -------------------------------------------------------------------------------
 
 
-def upload_row(upload: Mapping[str, Any], partition: int, offset: int) -> Row:
+def upload_row(upload: DocUploaded, partition: int, offset: int) -> Row:
     """The `uploads` row of a (validated) doc.uploaded read from `partition` at `offset`."""
     return (
-        upload["document_id"],
-        upload["tenant"],
-        upload["content_sha256"],
-        int(upload["size_bytes"]),
-        upload["content_type"],
-        _timestamp(upload["uploaded_at"]),
+        upload.document_id,
+        upload.tenant,
+        upload.content_sha256,
+        int(upload.size_bytes),
+        upload.content_type,
+        _timestamp(upload.uploaded_at),
         partition,
         offset,
     )
 
 
-def stage_result_row(event: Mapping[str, Any]) -> Row:
+def stage_result_row(event: Completion) -> Row:
     """The `stage_results` row of a completion event (any stage); its own fields go to `details`.
 
     `computed_at` is when the result was first computed (completed_at for events written before
@@ -180,42 +189,41 @@ def stage_result_row(event: Mapping[str, Any]) -> Row:
     latest upload's rows are current. `content_type` is '' for events without one.
     """
     own = set(STAGE_RESULT_COLUMNS)
-    computed_at = event.get("computed_at")
-    upload_offset = event.get("upload_offset")
-    details = {name: value for name, value in event.items() if name not in own}
+    details = {name: value for name, value in event.to_record().items() if name not in own}
+    ocr = event if isinstance(event, DocOcrDone) else None
     return (
-        event["document_id"],
-        event["tenant"],
-        event["content_sha256"],
-        event["stage"],
-        event["model_version"],
-        event["idempotency_key"],
-        event["result_uri"],
-        event.get("pages"),
-        event.get("pages_ocr"),
-        event.get("chunks"),
+        event.document_id,
+        event.tenant,
+        event.content_sha256,
+        event.stage,
+        event.model_version,
+        event.idempotency_key,
+        event.result_uri,
+        None if ocr is None else ocr.pages,
+        None if ocr is None else ocr.pages_ocr,
+        event.chunks if isinstance(event, DocEmbedded) else None,
         json.dumps(details, sort_keys=True, default=str),
-        _timestamp(event["completed_at"]),
-        _timestamp(event["completed_at"] if computed_at is None else computed_at),
-        _timestamp(event["upload_at"]),
-        max(0, int(event["processing_ms"])),
-        event.get("content_type") or "",
-        -1 if upload_offset is None else int(upload_offset),
+        _timestamp(event.completed_at),
+        _timestamp(event.completed_at if event.computed_at is None else event.computed_at),
+        _timestamp(event.upload_at),
+        max(0, int(event.processing_ms)),
+        event.content_type or "",
+        -1 if event.upload_offset is None else int(event.upload_offset),
     )
 
 
-def chunk_rows(event: Mapping[str, Any], stored: Mapping[str, Any]) -> list[Row]:
+def chunk_rows(event: DocEmbedded, stored: Mapping[str, Any]) -> list[Row]:
     """One `chunks` row per chunk of a doc.embedded event's result object."""
     return [
         (
-            event["document_id"],
-            event["tenant"],
+            event.document_id,
+            event.tenant,
             int(chunk["page"]),
             int(chunk["index"]),
             chunk["text"],
             [float(x) for x in chunk["vector"]],
-            event["model_version"],
-            event["idempotency_key"],
+            event.model_version,
+            event.idempotency_key,
         )
         for chunk in stored["chunks"]
     ]
@@ -523,11 +531,11 @@ class WarehouseSink:
     def __exit__(self, *exc: object) -> None:
         self._batcher.close()
 
-    def __call__(self, message: Any, ctx: Context) -> None:
+    def __call__(self, message: Message, ctx: Context) -> None:
         rows = self.rows(message, ctx.origin, ctx.coordinates)  # 1. - 3.
         self._batcher.add(rows, ctx.defer())  # 4. (5. and 6. in the flusher)
 
-    def rows(self, message: Any, origin: Origin, coordinates: str = "") -> Rows:
+    def rows(self, message: Message, origin: Origin, coordinates: str = "") -> Rows:
         """The rows of one message, per table; `origin` is where it was first published."""
         topic, partition, offset, produced_ms = origin
         if topic in self._topics.dead_letters:
@@ -544,21 +552,25 @@ class WarehouseSink:
         event_type = self._topics.results.get(topic)
         if event_type is None:
             raise PermanentError(f"the warehouse sink does not read {topic}")
-        event = self._codec.decode(event_type, message.value() or b"", topic=topic, coordinates=coordinates)
+        record = self._codec.decode(event_type, message.value() or b"", topic=topic, coordinates=coordinates)
+        # Validation reads the decoded record (untrusted values, whatever their type); rows, the typed value.
         if event_type == "doc.uploaded":
-            validate_upload(event, self._limits, produced_at_ms=produced_ms)
-            return {UPLOADS: [upload_row(event, partition, offset)]}
-        validate_completion(event, self._limits, produced_at_ms=produced_ms)
+            validate_upload(record, self._limits, produced_at_ms=produced_ms)
+            return {UPLOADS: [upload_row(DocUploaded.from_record(record), partition, offset)]}
+        validate_completion(record, self._limits, produced_at_ms=produced_ms)
+        event = event_from_record(event_type, record)
+        if isinstance(event, DocUploaded):  # an upload's type on a completion topic
+            raise PermanentError(f"{topic} carries {event_type}, not completions")
         _check_own_key(event, EVENT_STAGES.get(event_type))
         rows: Rows = {STAGE_RESULTS: [stage_result_row(event)]}
-        if event_type == "doc.embedded":
+        if isinstance(event, DocEmbedded):
             rows[CHUNKS] = self._chunks(event)
         return rows
 
-    def _chunks(self, event: Mapping[str, Any]) -> list[Row]:
+    def _chunks(self, event: DocEmbedded) -> list[Row]:
         """The chunk rows of a doc.embedded: from its own key's result object, and nowhere else."""
-        uri = event["result_uri"]
-        data = self._blobs.get_result_at("embeddings", event["idempotency_key"], uri)
+        uri = event.result_uri
+        data = self._blobs.get_result_at("embeddings", event.idempotency_key, uri)
         try:
             return chunk_rows(event, json.loads(data))
         except (KeyError, TypeError, ValueError) as exc:
@@ -571,15 +583,15 @@ class WarehouseSink:
         self.insert_seconds += seconds
 
 
-def _check_own_key(event: Mapping[str, Any], stage: str | None) -> None:
+def _check_own_key(event: Completion, stage: str | None) -> None:
     """InvalidEventError unless a (validated) completion is of `stage` and its idempotency key is the
     one its content, stage and version give: the key names the result object the sink may read."""
-    if event["stage"] != stage:
-        raise InvalidEventError(f"a completion of stage {event['stage']!r} on the topic of stage {stage!r}")
-    expected = idempotency_key(event["content_sha256"], event["stage"], event["model_version"])
-    if event["idempotency_key"] != expected:
+    if event.stage != stage:
+        raise InvalidEventError(f"a completion of stage {event.stage!r} on the topic of stage {stage!r}")
+    expected = idempotency_key(event.content_sha256, event.stage, event.model_version)
+    if event.idempotency_key != expected:
         raise InvalidEventError(
-            f"completion of stage {stage!r}: idempotency_key {event['idempotency_key']} is not the key of its"
+            f"completion of stage {stage!r}: idempotency_key {event.idempotency_key} is not the key of its"
             f" content, stage and model version ({expected})"
         )
 

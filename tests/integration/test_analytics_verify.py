@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from typed_records import completion_event, upload_event
+
 from consumers.analytics.verify import compare, verify
 from consumers.analytics.windows import (
     MINUTE_MS,
@@ -105,8 +107,12 @@ def rollup_rows(rollups: list[Rollup], revision: int, partition: int = 0) -> lis
 
 def fill(warehouse: Warehouse, rollups: list[Rollup]) -> None:
     uploads, completions = events()
-    warehouse.insert(UPLOADS, [upload_row(u, 0, i) for i, u in enumerate(uploads)], COLUMNS[UPLOADS])
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(c) for c in completions], COLUMNS[STAGE_RESULTS])
+    warehouse.insert(
+        UPLOADS, [upload_row(upload_event(u), 0, i) for i, u in enumerate(uploads)], COLUMNS[UPLOADS]
+    )
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(c)) for c in completions], COLUMNS[STAGE_RESULTS]
+    )
     warehouse.insert(ROLLUPS_TABLE, rollup_rows(rollups, revision=60), COLUMNS[ROLLUPS_TABLE])
 
 

@@ -34,6 +34,7 @@ from producers.documents import text_pdf
 from producers.publisher import Publisher
 from schemas.catalog import load_catalog
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 RUN = uuid.uuid4().hex[:8]
 
@@ -47,8 +48,8 @@ PAGECOUNT = StageSpec(
 class PageCountStage(UploadStage):
     name, result_topic, result_event, version = "pagecount", PAGECOUNT.result_topic, "doc.pagecounted", "pc-1"
 
-    def compute(self, upload: dict[str, Any], content: bytes) -> tuple[bytes, dict[str, Any]]:
-        fields = {"pages": len(inspect_document(content, upload["content_type"], DEFAULT_LIMITS))}
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+        fields = {"pages": len(inspect_document(content, upload.content_type, DEFAULT_LIMITS))}
         return json.dumps(fields).encode(), fields
 
     def summarise(self, stored: bytes) -> dict[str, Any]:
@@ -128,7 +129,5 @@ def test_a_stage_declared_in_one_place_runs_on_the_generic_worker(
 
 
 def test_an_undeclared_stage_is_refused_with_the_choices() -> None:
-    with pytest.raises(
-        ConfigurationError, match="'pagecount': choose one of ocr, embeddings"
-    ):
+    with pytest.raises(ConfigurationError, match="'pagecount': choose one of ocr, embeddings"):
         groups.stage_version("pagecount", Settings())

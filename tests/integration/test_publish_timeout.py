@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kafka_helpers import read_messages
+from typed_records import upload_event
 
 from consumers.analytics.windows import WindowFold, upload_from_record
 from consumers.warehouse.sink import upload_row
@@ -26,6 +27,7 @@ from infra.topics import ensure_topics
 from producers.events import DOC_UPLOADED_EVENT
 from producers.publisher import Publisher
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 
 @pytest.fixture
@@ -73,9 +75,11 @@ def test_a_timed_out_publish_published_again_is_one_upload_downstream(
     fold = WindowFold()
     assert [fold.add(upload_from_record(event)) for event in events] == [True, False]
     assert fold.duplicates == 1
-    rows = [upload_row(event, 0, offset) for offset, event in enumerate(events)]
+    rows = [upload_row(upload_event(event), 0, offset) for offset, event in enumerate(events)]
     identity = {
         (row[1], row[0], row[5]) for row in rows
     }  # the uploads table's key: tenant, document, uploaded_at
     assert len(identity) == 1  # one `uploads` row: (tenant, document, uploaded_at) is its key
-    assert len({completion_key("ocr", "v1", event) for event in events}) == 1  # one completion per stage
+    assert (
+        len({completion_key("ocr", "v1", DocUploaded.from_record(event)) for event in events}) == 1
+    )  # one completion per stage

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
+from typed_records import completion_event
 from typer.testing import CliRunner, Result
 
 from consumers.embeddings.model import EmbeddingModel
@@ -130,7 +131,7 @@ def test_a_replay_replaces_a_row_and_a_new_model_version_adds_one(warehouse: War
     old = completion("ocr", "doc-1", "v1", pages=1, pages_ocr=0, mean_confidence=1.0, engine="e")
     new = {**old, "model_version": "v2", "idempotency_key": "k-v2"}
     for event in (old, old, new):  # the same event twice: a redelivery
-        warehouse.insert(STAGE_RESULTS, [stage_result_row(event)], STAGE_RESULT_COLUMNS)
+        warehouse.insert(STAGE_RESULTS, [stage_result_row(completion_event(event))], STAGE_RESULT_COLUMNS)
     _, rows = warehouse.query(
         "SELECT model_version, count() FROM docstream.stage_results FINAL GROUP BY model_version ORDER BY 1"
     )
@@ -279,9 +280,14 @@ def test_search_ranks_the_chunk_that_answers_a_paraphrased_question_first(wareho
     other_tenant = {**event, "document_id": "doc-8", "tenant": "globex"}
     with Warehouse(warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
-        rows = chunk_rows(event, stored) + chunk_rows(other_tenant, stored)
+        rows = chunk_rows(completion_event(event), stored) + chunk_rows(
+            completion_event(other_tenant), stored
+        )
         warehouse.insert(CHUNKS, rows, CHUNK_COLUMNS)
-        results = [stage_result_row(event), stage_result_row(other_tenant)]  # what makes them current
+        results = [
+            stage_result_row(completion_event(event)),
+            stage_result_row(completion_event(other_tenant)),
+        ]  # what makes them current
         warehouse.insert(STAGE_RESULTS, results, STAGE_RESULT_COLUMNS)
 
     found = invoke(

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics, read_messages
+from typed_records import completion_event
 
 from consumers.runtime import RunStats, Worker
 from consumers.runtime import headers as hdr
@@ -371,8 +372,10 @@ def insert_with_chunks(warehouse: Warehouse, events: Sequence[dict[str, Any]], t
                     {"page": 1, "index": i, "text": f"{text} {i}", "vector": [1.0, 0.0]} for i in range(2)
                 ]
             }
-            warehouse.insert(CHUNKS, chunk_rows(event, stored), CHUNK_COLUMNS)
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(e) for e in events], STAGE_RESULT_COLUMNS)
+            warehouse.insert(CHUNKS, chunk_rows(completion_event(event), stored), CHUNK_COLUMNS)
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(e)) for e in events], STAGE_RESULT_COLUMNS
+    )
 
 
 @pytest.mark.parametrize("newer_first", [False, True])
@@ -412,7 +415,9 @@ def test_within_one_upload_the_newest_computed_version_is_current(warehouse: War
             "ocr", "doc-1", "ocr-v0", upload_offset=3, computed_at=T0 + 90_000
         ),  # tie: greatest version
     ]
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(e) for e in rows], STAGE_RESULT_COLUMNS)
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(e)) for e in rows], STAGE_RESULT_COLUMNS
+    )
     _, current = warehouse.query(
         "SELECT model_version FROM docstream.current_results WHERE document_id = 'doc-1'"
     )
@@ -483,7 +488,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
 
     def old_sink_row(event: dict[str, Any]) -> Row:
         """What the sink before 005 wrote: content_type and upload_offset in `details`."""
-        row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+        row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(completion_event(event)), strict=True))
         details = json.loads(row["details"])
         details |= {k: event[k] for k in new_columns if k in event}
         row["details"] = json.dumps(details, sort_keys=True)
@@ -500,7 +505,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
         assert warehouse.migrate(before) == [p.name for p in sorted(before.glob("*.sql"))]
         results = [old_sink_row(ocr), old_sink_row(old_event), old_sink_row(embedded)]
         warehouse.insert(STAGE_RESULTS, results, old_results)
-        warehouse.insert(CHUNKS, chunk_rows(embedded, stored), CHUNK_COLUMNS)
+        warehouse.insert(CHUNKS, chunk_rows(completion_event(embedded), stored), CHUNK_COLUMNS)
         rollups = [old_shape(old_rollups, ROLLUP_COLUMNS, rollup_row(a_rollup(i))) for i in range(4)]
         warehouse.insert(ROLLUPS_TABLE, rollups, old_rollups)
 
@@ -535,7 +540,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
 
         # A newer upload of doc-1 (an event with its offset) now replaces the old rows as current.
         newer = completion("ocr", "doc-1", "ocr-v1", content=sha("doc-1 again"), upload_offset=20)
-        warehouse.insert(STAGE_RESULTS, [stage_result_row(newer)], STAGE_RESULT_COLUMNS)
+        warehouse.insert(STAGE_RESULTS, [stage_result_row(completion_event(newer))], STAGE_RESULT_COLUMNS)
         _, current = warehouse.query(
             "SELECT content_sha256, upload_offset FROM docstream.current_results WHERE stage = 'ocr'"
         )

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
+from typed_records import completion_event
 
 from consumers.runtime import Worker
 from consumers.stage import completion
@@ -43,6 +44,7 @@ from docstream.cli.warehouse import DDL_DIR
 from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 T0 = 1_735_787_045_000  # epoch ms
 CHUNKING_1, CHUNKING_2 = "m@1:chunks120/20", "m@1:chunks200/40"  # one model, two chunkings
@@ -86,7 +88,9 @@ def event(
 
 
 def insert_results(warehouse: Warehouse, *events: dict[str, Any]) -> None:
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(e) for e in events], STAGE_RESULT_COLUMNS)
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(e)) for e in events], STAGE_RESULT_COLUMNS
+    )
 
 
 def current(warehouse: Warehouse) -> list[tuple[str, str, str, datetime]]:
@@ -167,7 +171,9 @@ def test_rows_from_before_the_migration_read_computed_at_as_completed_at(tmp_pat
     old_row = dict(
         zip(
             STAGE_RESULT_COLUMNS,
-            stage_result_row(event("ocr", "doc-1", "ocr-v1", computed=T0, completed=T0 + 1000, **OCR)),
+            stage_result_row(
+                completion_event(event("ocr", "doc-1", "ocr-v1", computed=T0, completed=T0 + 1000, **OCR))
+            ),
             strict=True,
         )
     )
@@ -205,7 +211,11 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
     v1 = event("embeddings", "doc-1", CHUNKING_1, computed=T0, completed=T0 + 1000, chunks=2)
     v2 = event("embeddings", "doc-1", CHUNKING_2, computed=T0 + 10_000, completed=T0 + 11_000, chunks=1)
     other = event("embeddings", "doc-2", "other@2:chunks120/20", computed=T0, completed=T0 + 1000, chunks=2)
-    chunks = chunk_rows(v1, FIRST) + chunk_rows(v2, SECOND) + chunk_rows(other, FIRST)
+    chunks = (
+        chunk_rows(completion_event(v1), FIRST)
+        + chunk_rows(completion_event(v2), SECOND)
+        + chunk_rows(completion_event(other), FIRST)
+    )
     warehouse.insert(CHUNKS, chunks, CHUNK_COLUMNS)
     insert_results(warehouse, v1, v2, other)
 
@@ -228,7 +238,7 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
 
     # The old chunking re-emitted later (a worker still on it, redelivered): the current stays.
     insert_results(warehouse, {**v1, "completed_at": utc(T0 + 600_000)})
-    warehouse.insert(CHUNKS, chunk_rows(v1, FIRST), CHUNK_COLUMNS)
+    warehouse.insert(CHUNKS, chunk_rows(completion_event(v1), FIRST), CHUNK_COLUMNS)
     assert hits(warehouse, "m@1") == only_current
 
 
@@ -241,7 +251,18 @@ def test_completions_through_kafka_and_the_sink_keep_the_version_computed_last(
     create_topics(kafka_bootstrap, [embedded, f"{group}.retry", f"{group}.dlq"], 2)
     codec, blobs = make_codec(None), BlobStore(str(tmp_path / "blobs"))
     sha = uuid.uuid5(uuid.NAMESPACE_OID, "doc-1").hex * 2
-    upload = {"document_id": "doc-1", "tenant": "acme", "content_sha256": sha, "uploaded_at": T0 - 60_000}
+    upload = DocUploaded.from_record(
+        {
+            "document_id": "doc-1",
+            "tenant": "acme",
+            "content_sha256": sha,
+            "size_bytes": 1,
+            "content_type": "text/plain",
+            "blob_uri": "file:///doc-1",
+            "uploaded_at": T0 - 60_000,
+            "trace": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        }
+    )
 
     def emitted(version: str, stored: dict[str, Any], computed_ms: int | None, emitted_ms: int) -> bytes:
         key = idempotency_key(sha, "embeddings", version)

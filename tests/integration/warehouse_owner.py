@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
+from typed_records import completion_event
+
 from consumers.analytics.sketch import LatencySketch
 from consumers.runtime import headers as hdr
 from consumers.warehouse.query_server import Endpoint, serve_queries
@@ -44,6 +46,7 @@ from docstream.cli.warehouse import DDL_DIR
 
 NOW_MS = 1_735_787_045_000
 MODEL = "m@1:chunks120/20"
+THUMBNAIL = {"page": 1, "long_side": 256, "width": 181, "height": 256, "uri": "file:///nowhere/t.webp"}
 
 
 def completion(stage: str, document_id: str, **fields: object) -> dict[str, object]:
@@ -64,8 +67,8 @@ def completion(stage: str, document_id: str, **fields: object) -> dict[str, obje
 
 def fill(warehouse: Warehouse) -> None:
     results = [
-        stage_result_row(completion("ocr", "doc-1", pages=2, pages_ocr=1, engine="e")),
-        stage_result_row(completion("thumbnails", "doc-1", sizes=[256])),
+        stage_result_row(completion_event(completion("ocr", "doc-1", pages=2, pages_ocr=1, engine="e"))),
+        stage_result_row(completion_event(completion("thumbnails", "doc-1", sizes=[THUMBNAIL]))),
     ]
     warehouse.insert(STAGE_RESULTS, results, STAGE_RESULT_COLUMNS)
     stored = {
@@ -75,8 +78,10 @@ def fill(warehouse: Warehouse) -> None:
         ]
     }
     event = {**completion("embeddings", "doc-1", chunks=2), "model_version": MODEL}
-    warehouse.insert(CHUNKS, chunk_rows(event, stored), CHUNK_COLUMNS)
-    warehouse.insert(STAGE_RESULTS, [stage_result_row(event)], STAGE_RESULT_COLUMNS)  # makes them current
+    warehouse.insert(CHUNKS, chunk_rows(completion_event(event), stored), CHUNK_COLUMNS)
+    warehouse.insert(
+        STAGE_RESULTS, [stage_result_row(completion_event(event))], STAGE_RESULT_COLUMNS
+    )  # makes them current
     letter = dead_letter_row("docstream.ocr.dlq", b"doc-9", {hdr.ERROR_CLASS: "PermanentError"}, NOW_MS)
     warehouse.insert(DEAD_LETTERS, [letter], DEAD_LETTER_COLUMNS)
     sketch = LatencySketch()

@@ -10,9 +10,19 @@ from consumers.stage import completion
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from schemas.codec import SingleObjectCodec
+from schemas.events import DocUploaded, TraceContext
 
 SHA = "ab" * 32
-UPLOAD = {"document_id": "doc-1", "tenant": "acme", "content_sha256": SHA, "uploaded_at": 1_735_787_000_000}
+UPLOAD = DocUploaded(
+    document_id="doc-1",
+    tenant="acme",
+    content_sha256=SHA,
+    size_bytes=1,
+    content_type="text/plain",
+    blob_uri="file:///doc-1",
+    uploaded_at=datetime.fromtimestamp(1_735_787_000, tz=UTC),
+    trace=TraceContext(traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+)
 OCR_FIELDS = {"pages": 1, "pages_ocr": 0, "mean_confidence": 0.0, "engine": "text-layer"}
 COMPUTED_MS = 1_735_787_045_678
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from consumers.ocr.worker import OcrStage
 from docstream.errors import ConfigurationError, PermanentError, TransientError
 from docstream.settings import OcrSettings
 from producers.documents import scanned_pdf, text_pdf
+from schemas.events import DocUploaded, TraceContext
 
 WAIT = 5.0  # seconds any test waits for a future at most: a hang fails, it does not stall
 
@@ -289,9 +291,7 @@ def test_the_ocr_stage_reads_through_the_batcher_with_page_labels(
     batcher = _batcher(engine, wait_ms=0)
     closing.append(batcher)
     stage = OcrStage(batcher, OcrSettings(dpi=50), "results")
-    stored, fields = stage.compute(
-        {"content_type": "application/pdf"}, scanned_pdf(["one", "two"], noise=False)
-    )
+    stored, fields = stage.compute(_upload("application/pdf"), scanned_pdf(["one", "two"], noise=False))
     assert engine.batches == [["page 1", "page 2"]]
     assert '"text": "page 2"' in stored.decode()
     assert (fields["pages"], fields["pages_ocr"], fields["engine"]) == (
@@ -299,7 +299,7 @@ def test_the_ocr_stage_reads_through_the_batcher_with_page_labels(
         2,
         "rapidocr-3.10.0/FakeExecutionProvider",
     )
-    stage.compute({"content_type": "application/pdf"}, text_pdf(["a text layer"]))
+    stage.compute(_upload("application/pdf"), text_pdf(["a text layer"]))
     assert len(engine.batches) == 1  # a text layer needs no OCR
 
 
@@ -314,7 +314,21 @@ def test_a_page_ocr_cannot_read_fails_the_document_by_its_page_number(closing: l
     closing.append(batcher)
     stage = OcrStage(batcher, OcrSettings(dpi=50), "results")
     with pytest.raises(PermanentError, match="bad page 2 cannot be read"):
-        stage.compute({"content_type": "application/pdf"}, scanned_pdf(["one", "two"], noise=False))
+        stage.compute(_upload("application/pdf"), scanned_pdf(["one", "two"], noise=False))
+
+
+def _upload(content_type: str) -> DocUploaded:
+    """A doc.uploaded as the stage decoder gives it; the stage reads its content type only."""
+    return DocUploaded(
+        document_id="d",
+        tenant="t",
+        content_sha256="ab" * 32,
+        size_bytes=1,
+        content_type=content_type,
+        blob_uri="file:///d",
+        uploaded_at=datetime(2026, 1, 1, tzinfo=UTC),
+        trace=TraceContext(traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+    )
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = WAIT) -> bool:

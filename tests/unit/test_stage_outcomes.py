@@ -10,6 +10,7 @@ from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings
 from schemas.codec import make_codec
+from schemas.events import DocUploaded
 
 
 class Message:
@@ -22,7 +23,7 @@ class Message:
 
 class Ctx:
     def __init__(self, record: dict[str, Any]) -> None:
-        self.record = Input("doc.uploaded", record, 7)  # as consumers.stage.stage_decoder gives it
+        self.record = Input("doc.uploaded", DocUploaded.from_record(record), 7)  # as stage_decoder gives it
         self.emitted: list[tuple[str, bytes | None]] = []
         self.origin = ("doc.uploaded", 0, 7, record["uploaded_at"])
 
@@ -40,6 +41,7 @@ def upload(blobs: BlobStore, document_id: str, text: bytes) -> dict[str, Any]:
         "blob_uri": stored.uri,
         "content_type": "text/plain",  # no thumbnail to render: an empty list
         "uploaded_at": 1_790_000_000_000,
+        "trace": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
     }
 
 

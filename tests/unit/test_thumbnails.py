@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 from PIL import Image
@@ -12,10 +13,20 @@ from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings
 from producers.documents import SAMPLE_TEXTS, scanned_pdf, text_pdf
+from schemas.events import DocUploaded, TraceContext
 
 
-def upload(content_type: str) -> dict[str, object]:
-    return {"content_type": content_type, "document_id": "d", "tenant": "t"}
+def upload(content_type: str) -> DocUploaded:
+    return DocUploaded(
+        document_id="d",
+        tenant="t",
+        content_sha256="ab" * 32,
+        size_bytes=1,
+        content_type=content_type,
+        blob_uri="file:///d",
+        uploaded_at=datetime(2026, 1, 1, tzinfo=UTC),
+        trace=TraceContext(traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+    )
 
 
 def test_a_pdf_gets_a_webp_per_size_with_the_long_side_requested(tmp_path: Path) -> None:

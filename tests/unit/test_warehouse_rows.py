@@ -30,6 +30,8 @@ from consumers.warehouse.sink import (
 )
 from consumers.warehouse.store import check_read_only, statements
 from docstream.errors import ConfigurationError, InvalidEventError, TransientError
+from docstream.topology import STAGES
+from schemas.events import Completion, DocEmbedded, DocUploaded, event_from_record
 
 OCR_DONE = {
     "document_id": "doc-1",
@@ -48,10 +50,18 @@ OCR_DONE = {
     "mean_confidence": 0.9,
     "engine": "rapidocr/CPUExecutionProvider",
 }
+RESULT_EVENTS = {spec.name: spec.result_event for spec in STAGES}
+
+
+def typed(record: dict[str, Any]) -> Completion:
+    """The typed completion of a record of its stage's event type, as the sink builds it."""
+    event = event_from_record(RESULT_EVENTS[record["stage"]], record)
+    assert not isinstance(event, DocUploaded)
+    return event
 
 
 def test_a_completion_event_becomes_one_stage_row_with_its_own_fields_as_details() -> None:
-    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(OCR_DONE), strict=True))
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(typed(OCR_DONE)), strict=True))
     assert (row["stage"], row["document_id"], row["model_version"]) == ("ocr", "doc-1", "rapidocr:v1")
     assert (row["pages"], row["pages_ocr"], row["chunks"]) == (3, 1, None)
     assert json.loads(row["details"]) == {"engine": "rapidocr/CPUExecutionProvider", "mean_confidence": 0.9}
@@ -64,13 +74,13 @@ def test_a_completion_event_becomes_one_stage_row_with_its_own_fields_as_details
 
 def test_the_content_type_and_upload_offset_of_a_completion_are_columns_not_details() -> None:
     event = {**OCR_DONE, "content_type": "application/pdf", "upload_offset": 9}
-    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(typed(event)), strict=True))
     assert (row["content_type"], row["upload_offset"]) == ("application/pdf", 9)
     assert set(json.loads(row["details"])) == {"engine", "mean_confidence"}
     nulls = dict(
         zip(
             STAGE_RESULT_COLUMNS,
-            stage_result_row({**event, "content_type": None, "upload_offset": None}),
+            stage_result_row(typed({**event, "content_type": None, "upload_offset": None})),
             strict=True,
         )
     )
@@ -88,7 +98,7 @@ def test_an_upload_becomes_one_uploads_row_with_where_it_was_read() -> None:
         "uploaded_at": datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
         "trace": {"traceparent": "00-x-y-01", "tracestate": None},
     }
-    row = dict(zip(UPLOAD_COLUMNS, upload_row(upload, 3, 17), strict=True))
+    row = dict(zip(UPLOAD_COLUMNS, upload_row(DocUploaded.from_record(upload), 3, 17), strict=True))
     assert row == {
         "document_id": "doc-1",
         "tenant": "acme",
@@ -105,7 +115,7 @@ def test_an_upload_becomes_one_uploads_row_with_where_it_was_read() -> None:
 def test_computed_at_is_taken_as_given_or_completed_at_when_the_event_has_none(
     event: dict[str, object],
 ) -> None:
-    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(typed(event)), strict=True))
     expected = row["completed_at"] if event["computed_at"] is None else datetime(1970, 1, 1, tzinfo=UTC)
     assert row["computed_at"] == expected
     assert "computed_at" not in json.loads(row["details"])
@@ -113,27 +123,32 @@ def test_computed_at_is_taken_as_given_or_completed_at_when_the_event_has_none(
 
 def test_an_event_of_an_older_schema_without_computed_at_uses_completed_at() -> None:
     event = {k: v for k, v in OCR_DONE.items() if k != "computed_at"}
-    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(typed(event)), strict=True))
     assert row["computed_at"] == row["completed_at"] == datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
 
 def test_a_thumbnail_event_has_no_page_counts_and_keeps_its_sizes_in_details() -> None:
-    event = {**OCR_DONE, "stage": "thumbnails", "sizes": [{"page": 1, "long_side": 256}]}
+    size = {"page": 1, "long_side": 256, "width": 181, "height": 256, "uri": "file:///blobs/t.webp"}
+    event = {**OCR_DONE, "stage": "thumbnails", "sizes": [size]}
     del event["pages"], event["pages_ocr"], event["mean_confidence"], event["engine"]
-    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(event), strict=True))
+    row = dict(zip(STAGE_RESULT_COLUMNS, stage_result_row(typed(event)), strict=True))
     assert (row["pages"], row["pages_ocr"], row["chunks"]) == (None, None, None)
-    assert json.loads(row["details"]) == {"sizes": [{"page": 1, "long_side": 256}]}
+    assert json.loads(row["details"]) == {"sizes": [size]}
 
 
 def test_an_embedded_result_object_gives_one_row_per_chunk() -> None:
     event = {**OCR_DONE, "stage": "embeddings", "model_version": "m@1:chunks120/20", "chunks": 2}
+    event |= {"dimensions": 2, "model": "m@1"}
     stored = {
         "chunks": [
             {"page": 1, "index": 0, "text": "alpha", "vector": [1, 0]},
             {"page": 2, "index": 0, "text": "beta", "vector": [0.0, 1.0]},
         ]
     }
-    rows = [dict(zip(CHUNK_COLUMNS, row, strict=True)) for row in chunk_rows(event, stored)]
+    rows = [
+        dict(zip(CHUNK_COLUMNS, row, strict=True))
+        for row in chunk_rows(DocEmbedded.from_record(event), stored)
+    ]
     assert [(r["page"], r["chunk"], r["text"], r["embedding"]) for r in rows] == [
         (1, 0, "alpha", [1.0, 0.0]),
         (2, 0, "beta", [0.0, 1.0]),
