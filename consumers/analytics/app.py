@@ -135,9 +135,11 @@ def checked_event(
     event_type: str, record: Mapping[str, Any], limits: Limits, produced_at_ms: int | None
 ) -> Event:
     """The folded form of a decoded record, once it passed docstream.validation (InvalidEventError)."""
-    if event_type == "doc.uploaded":
+    if event_type == UPLOAD_EVENT:
         return upload_from_record(validate_upload(record, limits, produced_at_ms=produced_at_ms))
-    return completion_from_record(validate_completion(record, limits, produced_at_ms=produced_at_ms))
+    return completion_from_record(
+        validate_completion(record, limits, produced_at_ms=produced_at_ms), event_type
+    )
 
 
 @dataclass

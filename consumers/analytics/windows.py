@@ -55,7 +55,9 @@ from datetime import datetime
 from typing import Any
 
 from consumers.analytics.sketch import DEFAULT_RELATIVE_ACCURACY, LatencySketch
+from docstream import topology
 from docstream.topology import STAGE_NAMES
+from schemas import events
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -142,35 +144,53 @@ def epoch_ms(value: datetime | int) -> int:
     return int(value)
 
 
-def upload_from_record(record: Mapping[str, Any]) -> Upload:
-    """The `Upload` of a decoded doc.uploaded record."""
+def upload_from_event(upload: events.DocUploaded) -> Upload:
+    """The `Upload` of a doc.uploaded event (schemas.events)."""
     return Upload(
-        document_id=record["document_id"],
-        tenant=record["tenant"],
-        content_type=record["content_type"],
-        size_bytes=int(record["size_bytes"]),
-        uploaded_at_ms=epoch_ms(record["uploaded_at"]),
+        document_id=upload.document_id,
+        tenant=upload.tenant,
+        content_type=upload.content_type,
+        size_bytes=upload.size_bytes,
+        uploaded_at_ms=epoch_ms(upload.uploaded_at),
     )
 
 
-def completion_from_record(record: Mapping[str, Any]) -> Completion:
-    """The `Completion` of a decoded doc.ocr.done, doc.embedded or doc.thumbnailed record.
+def completion_from_event(done: events.Completion) -> Completion:
+    """The `Completion` of a doc.ocr.done, doc.embedded or doc.thumbnailed event (schemas.events).
 
     Completion events carry the upload's content type since their versions with `computed_at`;
     an older one has none (see the module docstring).
     """
-    if record["stage"] not in STAGES:
-        raise ValueError(f"unknown stage {record['stage']!r}; expected one of {STAGES}")
+    if done.stage not in STAGES:
+        raise ValueError(f"unknown stage {done.stage!r}; expected one of {STAGES}")
     return Completion(
-        stage=record["stage"],
-        document_id=record["document_id"],
-        tenant=record["tenant"],
-        idempotency_key=record["idempotency_key"],
-        upload_at_ms=epoch_ms(record["upload_at"]),
-        completed_at_ms=epoch_ms(record["completed_at"]),
-        pages=record.get("pages") if record["stage"] == "ocr" else None,
-        content_type=record.get("content_type"),
+        stage=done.stage,
+        document_id=done.document_id,
+        tenant=done.tenant,
+        idempotency_key=done.idempotency_key,
+        upload_at_ms=epoch_ms(done.upload_at),
+        completed_at_ms=epoch_ms(done.completed_at),
+        pages=done.pages if isinstance(done, events.DocOcrDone) and done.stage == "ocr" else None,
+        content_type=done.content_type,
     )
+
+
+def upload_from_record(record: Mapping[str, Any]) -> Upload:
+    """The `Upload` of a decoded doc.uploaded record (its typed event first)."""
+    return upload_from_event(events.DocUploaded.from_record(record))
+
+
+def completion_from_record(record: Mapping[str, Any], event_type: str | None = None) -> Completion:
+    """The `Completion` of a decoded completion record of `event_type` (by default the type of
+    its stage's completions, docstream.topology.STAGES)."""
+    if event_type is None:
+        if record["stage"] not in STAGES:
+            raise ValueError(f"unknown stage {record['stage']!r}; expected one of {STAGES}")
+        event_type = topology.stage(record["stage"]).result_event
+    done = events.event_from_record(event_type, record)
+    if isinstance(done, events.DocUploaded):
+        raise ValueError(f"{event_type} is not a completion")
+    return completion_from_event(done)
 
 
 def _empty_sketches() -> dict[str, LatencySketch]:

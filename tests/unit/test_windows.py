@@ -19,6 +19,7 @@ from consumers.analytics.windows import (
     Rollup,
     Upload,
     WindowFold,
+    completion_from_event,
     completion_from_record,
     current_rows,
     epoch_ms,
@@ -27,6 +28,7 @@ from consumers.analytics.windows import (
     upload_from_record,
     window_start,
 )
+from schemas.events import DocOcrDone
 
 PDF = "application/pdf"
 
@@ -250,23 +252,43 @@ def test_merge_partials_sums_partitions_and_merges_sketches() -> None:
 
 def test_records_from_the_codec_become_events() -> None:
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    record = {"document_id": "d", "tenant": "t", "content_type": PDF, "size_bytes": 5, "uploaded_at": at}
+    record = {
+        "document_id": "d",
+        "tenant": "t",
+        "content_sha256": "0" * 64,
+        "content_type": PDF,
+        "size_bytes": 5,
+        "blob_uri": "file:///b/d",
+        "uploaded_at": at,
+        "trace": {"traceparent": None, "tracestate": None},
+    }
     assert upload_from_record(record) == Upload("d", "t", PDF, 5, epoch_ms(at))
     done = {
         "stage": "ocr",
         "document_id": "d",
         "tenant": "t",
+        "content_sha256": "0" * 64,
         "idempotency_key": "k",
+        "model_version": "m1",
+        "result_uri": "file:///r/k",
+        "processing_ms": 1,
         "upload_at": at,
         "completed_at": at + timedelta(seconds=2),
         "pages": 3,
+        "pages_ocr": 0,
+        "mean_confidence": 1.0,
+        "engine": "e",
         "content_type": PDF,
     }
     assert completion_from_record(done) == Completion(
         "ocr", "d", "t", "k", epoch_ms(at), epoch_ms(at) + 2_000, 3, PDF
     )
-    thumbs = completion_from_record({**done, "stage": "thumbnails"})
+    thumbnailed = {
+        k: v for k, v in done.items() if k not in ("pages", "pages_ocr", "mean_confidence", "engine")
+    }
+    thumbs = completion_from_record({**thumbnailed, "stage": "thumbnails", "sizes": []})
     assert thumbs.pages is None  # pages count for OCR only
+    assert completion_from_event(DocOcrDone.from_record({**done, "stage": "ocr"})).pages == 3
 
 
 @pytest.mark.parametrize(
