@@ -99,8 +99,8 @@ def _container_kafka() -> Iterator[str]:
 @pytest.fixture
 def settings(tmp_path: Path, kafka_bootstrap: str) -> Settings:
     """Settings pointing at the session's cluster, with local state under tmp_path."""
-    # Passed by its alias: Settings has no populate_by_name, so `bootstrap_servers=` would be dropped.
-    built = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, home=tmp_path / "home", topic_partitions=3)
+    # By field name (Settings has populate_by_name), which is what its typed signature takes.
+    built = Settings(bootstrap_servers=kafka_bootstrap, home=tmp_path / "home", topic_partitions=3)
     assert built.bootstrap_servers == kafka_bootstrap
     return built
 

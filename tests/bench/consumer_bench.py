@@ -16,10 +16,14 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+)
 
 from consumers.runtime import Context, Worker
+from consumers.runtime.message import Message
 from docstream.kafka import config as kafka_config
 from docstream.settings import RuntimeSettings
 

@@ -31,7 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+    OffsetSpec,
+)
 
 from consumers.ops.lag import GroupTarget, LagMonitor
 from consumers.ops.scaling import ScalingConfig
@@ -136,7 +140,7 @@ def _measure(refresh: Callable[[], object], seconds: int) -> dict[str, Any]:
 def _raw(bootstrap: str, topics: list[str], groups: list[str]) -> dict[str, Any]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-    latest = OffsetSpec.latest()
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # factory lacks annotations
 
     def refresh() -> None:
         described = admin.describe_consumer_groups(groups, request_timeout=10)

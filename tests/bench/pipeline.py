@@ -12,7 +12,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+)
 
 from consumers.runtime import Handler, Worker
 from docstream.blobstore import BlobStore

@@ -9,7 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from confluent_kafka import Consumer, Message
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+)
 
 from docstream.topology import declared_topics
 from infra.broker import LocalBroker, free_port
@@ -42,6 +45,13 @@ def read_messages(bootstrap: str, topic: str, count: int, timeout: float = 30.0)
         return found
     finally:
         consumer.close()
+
+
+def value_of(message: Message) -> bytes:
+    """A record's value: the topics these tests read hold events, never tombstones."""
+    value = message.value()
+    assert value is not None, f"a tombstone at {message.topic()}[{message.partition()}]@{message.offset()}"
+    return value
 
 
 @contextmanager

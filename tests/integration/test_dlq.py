@@ -14,16 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+)
 from kafka_helpers import read_messages
 from typer.testing import CliRunner, Result
 
 from consumers.ops.dlq import entries as dl
 from consumers.ops.dlq.reader import load
 from consumers.ops.dlq.redrive import plan, redrive
-from consumers.runtime import Context, RunStats, Worker
+from consumers.runtime import Context, Handler, RunStats, Worker
 from consumers.runtime import headers as hdr
+from consumers.runtime.message import Message
 from docstream.cli import app
 from docstream.errors import PermanentError, TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
@@ -60,7 +64,7 @@ class Pipeline:
             producer.produce(self.topic, value, key, headers=[("traceparent", b"00-" + key)])
         assert producer.flush(30) == 0
 
-    def run(self, handler: Callable[[Message, Context], None], done: Callable[[RunStats], bool]) -> RunStats:
+    def run(self, handler: Handler, done: Callable[[RunStats], bool]) -> RunStats:
         worker = Worker(
             group_id=self.group_id,
             topics=[self.topic],

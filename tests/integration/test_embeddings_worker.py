@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import Producer
-from kafka_helpers import create_topics, read_messages
+from kafka_helpers import create_topics, read_messages, value_of
 
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage
@@ -73,7 +73,7 @@ def test_documents_are_embedded_once_from_their_text_layer_or_after_ocr(
     )
 
     events = [
-        codec.decode("doc.embedded", m.value())
+        codec.decode("doc.embedded", value_of(m))
         for m in read_messages(kafka_bootstrap, embedded, 3, timeout=10)
     ]
     assert sorted(e["document_id"] for e in events) == sorted([typed.document_id, scanned.document_id]), (
@@ -167,5 +167,5 @@ def test_a_doc_ocr_done_back_from_the_retry_topic_is_read_as_one(
     stats = worker.run(until=lambda s: (s.handled >= 1 and s.in_flight == 0) or time.monotonic() > deadline)
     assert attempts == [ocr_done, f"{group}.retry"]
     assert (stats.retried, stats.handled, stats.dead_lettered) == (1, 1, 0), stats
-    [event] = [codec.decode("doc.embedded", m.value()) for m in read_messages(kafka_bootstrap, embedded, 1)]
+    [event] = [codec.decode("doc.embedded", value_of(m)) for m in read_messages(kafka_bootstrap, embedded, 1)]
     assert event["document_id"] == "memo-1" and event["model_version"].endswith("+ocr-v1")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import create_topics, read_messages
+from kafka_helpers import create_topics, read_messages, value_of
 
 from consumers import groups
 from consumers.groups import WorkerOptions, build_worker
@@ -117,7 +117,7 @@ def test_a_stage_declared_in_one_place_runs_on_the_generic_worker(
     assert (stats.handled, stats.dead_lettered) == (3, 0), stats
 
     events = [
-        codec.decode("doc.pagecounted", m.value())
+        codec.decode("doc.pagecounted", value_of(m))
         for m in read_messages(kafka_bootstrap, PAGECOUNT.result_topic, 3)
     ]
     pages = sorted((e["document_id"] == three.document_id, e["pages"], e["stage"]) for e in events)

@@ -199,7 +199,7 @@ def test_a_fault_run_loses_nothing_duplicates_nothing_and_verifies_clean(
         "DOCSTREAM_ANALYTICS__GRACE_MS": "1000",
         "DOCSTREAM_ANALYTICS__IDLE_MS": "1000",
     }
-    settings = Settings(KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, home=home, topic_partitions=PARTITIONS)
+    settings = Settings(bootstrap_servers=broker.bootstrap, home=home, topic_partitions=PARTITIONS)
     connection = {"bootstrap.servers": broker.bootstrap}
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from kafka_helpers import create_topics, read_messages
+from kafka_helpers import create_topics, read_messages, value_of
 from PIL import Image
 
 from consumers.embeddings.model import EmbeddingModel
@@ -274,7 +274,7 @@ def test_every_stage_dead_letters_hostile_uploads_with_their_reason_and_reads_no
 
     completed = {
         topic: {
-            codec.decode(event, m.value())["document_id"] for m in read_messages(kafka_bootstrap, topic, 1)
+            codec.decode(event, value_of(m))["document_id"] for m in read_messages(kafka_bootstrap, topic, 1)
         }
         for topic, event in (
             (ocr_done, "doc.ocr.done"),
@@ -320,7 +320,7 @@ def test_a_document_whose_hash_was_claimed_by_another_event_keeps_its_own_text(
     )
     stats = _run(worker, lambda s: s.handled + s.dead_lettered >= 2)
     assert (stats.handled, stats.dead_lettered) == (1, 1)
-    [done] = [codec.decode("doc.ocr.done", m.value()) for m in read_messages(kafka_bootstrap, ocr_done, 1)]
+    [done] = [codec.decode("doc.ocr.done", value_of(m)) for m in read_messages(kafka_bootstrap, ocr_done, 1)]
     assert done["document_id"] == "victim"
     text = blobs.get(done["result_uri"]).decode()
     assert "VICTIM the real contract" in text and "ATTACKER" not in text

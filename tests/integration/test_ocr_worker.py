@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka_helpers import create_topics, read_messages
+from kafka_helpers import create_topics, read_messages, value_of
 
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import OcrEngine
@@ -62,7 +62,9 @@ def test_ocr_group_reads_scans_keeps_text_layers_and_dead_letters_broken_files(
 
     done = {
         e["document_id"]: e
-        for e in (codec.decode("doc.ocr.done", m.value()) for m in read_messages(kafka_bootstrap, results, 2))
+        for e in (
+            codec.decode("doc.ocr.done", value_of(m)) for m in read_messages(kafka_bootstrap, results, 2)
+        )
     }
     assert (done[scanned.document_id]["pages"], done[scanned.document_id]["pages_ocr"]) == (1, 1)
     assert (done[layered.document_id]["pages"], done[layered.document_id]["pages_ocr"]) == (2, 0)

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka import Producer
@@ -36,6 +36,9 @@ from infra.topics import ensure_topics
 from producers.documents import text_pdf
 from producers.publisher import Publisher
 from schemas.codec import make_codec
+
+if TYPE_CHECKING:  # imported where used: the tests that need the warehouse import it
+    from consumers.warehouse.store import Queries
 
 BASE_MS = 1_790_000_000_000  # event timestamps of the date-time test: fixed, far from now
 
@@ -226,7 +229,7 @@ def pipeline(settings: Settings) -> Iterator[Pipeline]:
     yield Pipeline(settings.model_copy(update={"group_prefix": f"t{uuid.uuid4().hex[:6]}."}))
 
 
-def rows(warehouse: Any, table: str, documents: list[str]) -> list[tuple[Any, ...]]:
+def rows(warehouse: Queries, table: str, documents: list[str]) -> list[tuple[Any, ...]]:
     _, found = warehouse.query(
         f"SELECT document_id, model_version FROM {table} WHERE stage = 'thumbnails' "
         "AND has(%(docs)s, document_id) ORDER BY document_id, model_version",

@@ -10,18 +10,22 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    NewTopic,
+)
 from kafka_helpers import read_messages
 
-from consumers.runtime import Context, RunStats, Worker
+from consumers.runtime import Context, Handler, RunStats, Worker
 from consumers.runtime import headers as hdr
+from consumers.runtime.message import Message as Handled
 from docstream.errors import PermanentError, TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
 from schemas.codec import make_codec
@@ -41,14 +45,14 @@ class Group:
     def connection(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap}
 
-    def produce(self, records: list[tuple[bytes | None, bytes]]) -> None:
+    def produce(self, records: Sequence[tuple[bytes | None, bytes]]) -> None:
         producer = Producer({"bootstrap.servers": self.bootstrap, "partitioner": "murmur2_random"})
         for key, value in records:
             producer.produce(self.topic, value, key)
         assert producer.flush(30) == 0
 
-    def worker(self, handler: Callable[[Message, Context], None], **runtime: object) -> Worker:
-        settings = RuntimeSettings(**({"retry": FAST_RETRY, "commit_interval_ms": 200} | runtime))
+    def worker(self, handler: Handler, **runtime: object) -> Worker:
+        settings = RuntimeSettings.model_validate({"retry": FAST_RETRY, "commit_interval_ms": 200} | runtime)
         return Worker(
             group_id=self.group_id,
             topics=[self.topic],
@@ -111,7 +115,7 @@ def test_every_event_is_handled_and_its_offset_committed(group: Callable[[int], 
     seen: list[bytes] = []
     lock = threading.Lock()
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         with lock:
             seen.append(message.value() or b"")
 
@@ -128,12 +132,12 @@ def test_result_events_are_acknowledged_before_the_offset_moves(
     g, out = group(1), group(1)
     g.produce([(b"doc", b"payload")])
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         ctx.emit(out.topic, message.key(), b"result of " + (message.value() or b""))
 
     run_until(g.worker(handle, concurrency=lanes), lambda s: s.handled >= 1)
     results = g.read_all(out.topic, 1)
-    assert [m.value() for m in results] == [b"result of payload"]  # type: ignore[attr-defined]
+    assert [m.value() for m in results] == [b"result of payload"]
     assert g.committed() == {0: 1}
 
 
@@ -145,7 +149,7 @@ def test_per_key_order_holds_with_8_way_concurrency_on_one_partition(group: Call
     active, peak = [0], [0]
     lock = threading.Lock()
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
@@ -169,7 +173,7 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
     g.produce([(b"flaky", b"first"), (b"flaky", b"second"), (b"steady", b"other")])
     calls: list[tuple[bytes, int]] = []
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         calls.append((message.value() or b"", ctx.attempt))
         if message.value() == b"first" and ctx.attempt < 2:
             raise TransientError("dependency busy")
@@ -181,7 +185,7 @@ def test_a_transient_failure_goes_through_the_retry_topic_then_succeeds(
         "later events of a key wait behind its retry"
     )
     retried = g.read_all(f"{g.group_id}.retry", 1)
-    headers = hdr.to_dict(retried[0].headers())  # type: ignore[attr-defined]
+    headers = hdr.to_dict(retried[0].headers())
     assert headers[hdr.ATTEMPT] == "2" and headers[hdr.ERROR_CLASS].endswith("TransientError")
     assert g.committed() == g.end_offsets()
 
@@ -194,7 +198,7 @@ def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
     g.produce([(b"poison", b"bad")] + [(f"k{i}".encode(), b"good") for i in range(50)])
     attempts: list[int] = []
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         if message.value() == b"bad":
             attempts.append(ctx.attempt)
             raise TransientError("always fails")
@@ -203,8 +207,8 @@ def test_a_poison_event_is_dead_lettered_after_n_attempts_while_other_keys_flow(
     assert attempts == [1, 2, 3]
     assert stats.retried == 2 and stats.dead_lettered == 1
     (dead,) = g.read_all(f"{g.group_id}.dlq", 1)
-    h = hdr.to_dict(dead.headers())  # type: ignore[attr-defined]
-    assert dead.key() == b"poison" and dead.value() == b"bad"  # type: ignore[attr-defined]
+    h = hdr.to_dict(dead.headers())
+    assert dead.key() == b"poison" and dead.value() == b"bad"
     assert h[hdr.ORIGINAL_TOPIC] == g.topic and h[hdr.GROUP] == g.group_id and h[hdr.ATTEMPT] == "3"
     assert {hdr.ORIGINAL_PARTITION, hdr.ORIGINAL_OFFSET, hdr.ORIGINAL_TIMESTAMP_MS} <= h.keys()
     assert h[hdr.ERROR_CLASS] == "docstream.errors.TransientError" and h[hdr.ERROR_MESSAGE] == "always fails"
@@ -236,10 +240,10 @@ def test_permanent_errors_and_undecodable_bytes_go_straight_to_the_dead_letter_t
         [(b"a", b"\x00garbage"), (b"b", event("b", "application/x-broken")), (b"c", event("c", "text/plain"))]
     )
 
-    def decode(message: Message, ctx: Context) -> dict[str, object]:
+    def decode(message: Handled, ctx: Context) -> dict[str, object]:
         return codec.decode("doc.uploaded", message.value() or b"", coordinates=ctx.coordinates)
 
-    def handle(message: Message, ctx: Context) -> None:
+    def handle(message: Handled, ctx: Context) -> None:
         if ctx.record["content_type"] == "application/x-broken":
             raise PermanentError("PDF has no pages")
 
@@ -253,7 +257,7 @@ def test_permanent_errors_and_undecodable_bytes_go_straight_to_the_dead_letter_t
     )
     stats = run_until(worker, lambda s: s.handled >= 1 and s.dead_lettered >= 2)
     assert stats.retried == 0
-    dead = {m.key(): hdr.to_dict(m.headers()) for m in g.read_all(f"{g.group_id}.dlq", 2)}  # type: ignore[attr-defined]
+    dead = {m.key(): hdr.to_dict(m.headers()) for m in g.read_all(f"{g.group_id}.dlq", 2)}
     assert dead[b"a"][hdr.ERROR_CLASS] == "docstream.errors.DecodeError"
     assert f"{g.topic}[0]@0" in dead[b"a"][hdr.ERROR_MESSAGE], "the error names the event's coordinates"
     assert dead[b"b"][hdr.ERROR_MESSAGE] == "PDF has no pages"
@@ -378,7 +382,7 @@ def test_a_deferred_effect_moves_the_offset_only_once_completed(group: Callable[
     run_until(first, lambda s: s.handled >= 3 and time.monotonic() - started > 1.5)
     assert len(pending) == 3 and g.committed() == {0: 0}, "nothing completed, nothing committed"
 
-    def complete_later(message: Message, ctx: Context) -> None:
+    def complete_later(message: Handled, ctx: Context) -> None:
         done = ctx.defer()
         failure = TransientError("insert timed out") if message.key() == b"k2" and ctx.attempt == 1 else None
         threading.Timer(0.2, done, args=(failure,)).start()  # as a sink's flush thread would

@@ -14,10 +14,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka_helpers import create_topics
 
 from consumers.runtime import Context, RunStats, Worker
+from consumers.runtime.message import Message
 from docstream.errors import TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
 

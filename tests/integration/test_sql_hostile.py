@@ -181,7 +181,7 @@ def fill(warehouse: Warehouse) -> None:
         ("doc-1", "acme", "ocr", "v1", "ocr-doc-1", when, when, 12),
         ("doc-1", "acme", "embeddings", MODEL, "embeddings-doc-1", when, when, 30),
     ]
-    columns = ("document_id", "tenant", "stage", "model_version", "idempotency_key")
+    columns: tuple[str, ...] = ("document_id", "tenant", "stage", "model_version", "idempotency_key")
     warehouse.insert(
         "docstream.stage_results",
         results,
@@ -223,9 +223,9 @@ def refusal(way: str, served: Served, sql: str, parameters: dict[str, Any] | Non
             queries.query(sql, parameters)
         return str(refused.value)
     if way == "http-client":  # clickhouse-connect's own client: no check but the owner's
-        with pytest.raises(DatabaseError) as refused:
+        with pytest.raises(DatabaseError) as refused_by_server:
             served.client.query(sql, parameters=parameters)
-        return str(refused.value)
+        return str(refused_by_server.value)
     if way == "owner-raw":  # what curl sends: the owner must refuse it itself
         if parameters:  # client-side parameters are the client's business: bound before sending
             bound = bind_query(sql, parameters)[0]

@@ -6,7 +6,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka_helpers import create_topics, read_messages
+from kafka_helpers import create_topics, read_messages, value_of
 
 from consumers.runtime import Worker
 from consumers.stage import stage_decoder, stage_handler
@@ -52,7 +52,9 @@ def test_a_redelivered_upload_gets_the_same_thumbnails_and_one_result_object(
     stats = worker.run(until=lambda s: s.handled >= 2 or time.monotonic() > deadline)
     assert stats.handled == 2 and stats.dead_lettered == 0
 
-    decoded = [codec.decode("doc.thumbnailed", m.value()) for m in read_messages(kafka_bootstrap, results, 2)]
+    decoded = [
+        codec.decode("doc.thumbnailed", value_of(m)) for m in read_messages(kafka_bootstrap, results, 2)
+    ]
     assert {e["document_id"] for e in decoded} == {doc.document_id}
     assert decoded[0]["idempotency_key"] == decoded[1]["idempotency_key"]
     assert decoded[0]["sizes"] == decoded[1]["sizes"]

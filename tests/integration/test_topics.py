@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from typer.testing import CliRunner, Result
 
 from docstream.cli.topics import app as topics_app

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
-from typed_records import completion_event
+from typed_records import completion_event, embedded_event
 from typer.testing import CliRunner, Result
 
 from consumers.embeddings.model import EmbeddingModel
@@ -280,9 +280,7 @@ def test_search_ranks_the_chunk_that_answers_a_paraphrased_question_first(wareho
     other_tenant = {**event, "document_id": "doc-8", "tenant": "globex"}
     with Warehouse(warehouse_url) as warehouse:
         warehouse.migrate(DDL_DIR)
-        rows = chunk_rows(completion_event(event), stored) + chunk_rows(
-            completion_event(other_tenant), stored
-        )
+        rows = chunk_rows(embedded_event(event), stored) + chunk_rows(embedded_event(other_tenant), stored)
         warehouse.insert(CHUNKS, rows, CHUNK_COLUMNS)
         results = [
             stage_result_row(completion_event(event)),

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics, read_messages
-from typed_records import completion_event
+from typed_records import completion_event, embedded_event
 
 from consumers.runtime import RunStats, Worker
 from consumers.runtime import headers as hdr
@@ -372,7 +372,7 @@ def insert_with_chunks(warehouse: Warehouse, events: Sequence[dict[str, Any]], t
                     {"page": 1, "index": i, "text": f"{text} {i}", "vector": [1.0, 0.0]} for i in range(2)
                 ]
             }
-            warehouse.insert(CHUNKS, chunk_rows(completion_event(event), stored), CHUNK_COLUMNS)
+            warehouse.insert(CHUNKS, chunk_rows(embedded_event(event), stored), CHUNK_COLUMNS)
     warehouse.insert(
         STAGE_RESULTS, [stage_result_row(completion_event(e)) for e in events], STAGE_RESULT_COLUMNS
     )
@@ -505,7 +505,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
         assert warehouse.migrate(before) == [p.name for p in sorted(before.glob("*.sql"))]
         results = [old_sink_row(ocr), old_sink_row(old_event), old_sink_row(embedded)]
         warehouse.insert(STAGE_RESULTS, results, old_results)
-        warehouse.insert(CHUNKS, chunk_rows(completion_event(embedded), stored), CHUNK_COLUMNS)
+        warehouse.insert(CHUNKS, chunk_rows(embedded_event(embedded), stored), CHUNK_COLUMNS)
         rollups = [old_shape(old_rollups, ROLLUP_COLUMNS, rollup_row(a_rollup(i))) for i in range(4)]
         warehouse.insert(ROLLUPS_TABLE, rollups, old_rollups)
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
-from typed_records import completion_event
+from typed_records import completion_event, embedded_event
 
 from consumers.runtime import Worker
 from consumers.stage import completion
@@ -212,9 +212,9 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
     v2 = event("embeddings", "doc-1", CHUNKING_2, computed=T0 + 10_000, completed=T0 + 11_000, chunks=1)
     other = event("embeddings", "doc-2", "other@2:chunks120/20", computed=T0, completed=T0 + 1000, chunks=2)
     chunks = (
-        chunk_rows(completion_event(v1), FIRST)
-        + chunk_rows(completion_event(v2), SECOND)
-        + chunk_rows(completion_event(other), FIRST)
+        chunk_rows(embedded_event(v1), FIRST)
+        + chunk_rows(embedded_event(v2), SECOND)
+        + chunk_rows(embedded_event(other), FIRST)
     )
     warehouse.insert(CHUNKS, chunks, CHUNK_COLUMNS)
     insert_results(warehouse, v1, v2, other)
@@ -238,7 +238,7 @@ def test_search_ranks_only_the_chunks_of_each_document_s_current_version(warehou
 
     # The old chunking re-emitted later (a worker still on it, redelivered): the current stays.
     insert_results(warehouse, {**v1, "completed_at": utc(T0 + 600_000)})
-    warehouse.insert(CHUNKS, chunk_rows(completion_event(v1), FIRST), CHUNK_COLUMNS)
+    warehouse.insert(CHUNKS, chunk_rows(embedded_event(v1), FIRST), CHUNK_COLUMNS)
     assert hits(warehouse, "m@1") == only_current
 
 

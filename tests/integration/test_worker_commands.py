@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from kafka_helpers import create_topics, private_broker
+from kafka_helpers import create_topics, private_broker, value_of
 
 from consumers.runtime import Context, RunStats, Worker
+from consumers.runtime.message import Message
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings
 from docstream.topology import DOC_UPLOADED, THUMBNAILED, declared_topics, group_id
@@ -198,7 +199,7 @@ def thumbnailed(bootstrap: str, document_id: str, timeout: float) -> bool:
     try:
         while time.monotonic() < deadline:
             for message in consumer.consume(100, 0.5):
-                event = codec.decode("doc.thumbnailed", message.value()) if message.error() is None else {}
+                event = codec.decode("doc.thumbnailed", value_of(message)) if message.error() is None else {}
                 if event.get("document_id") == document_id:
                     return True
         return False

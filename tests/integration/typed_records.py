@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from docstream.topology import STAGES
-from schemas.events import Completion, DocUploaded, event_from_record
+from schemas.events import Completion, DocEmbedded, DocUploaded, event_from_record
 
 RESULT_EVENTS = {spec.name: spec.result_event for spec in STAGES}
 STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -26,6 +26,13 @@ def completion_event(record: Mapping[str, Any]) -> Completion:
     stage = record["stage"]
     event = event_from_record(RESULT_EVENTS[stage], {**STAGE_DEFAULTS[stage], **record})
     assert not isinstance(event, DocUploaded)
+    return event
+
+
+def embedded_event(record: Mapping[str, Any]) -> DocEmbedded:
+    """An embeddings completion, typed as the one stage whose events carry chunks."""
+    event = completion_event(record)
+    assert isinstance(event, DocEmbedded), f"not an embeddings completion: {record.get('stage')!r}"
     return event
 
 

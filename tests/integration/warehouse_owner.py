@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from typed_records import completion_event
+from typed_records import completion_event, embedded_event
 
 from consumers.analytics.sketch import LatencySketch
 from consumers.runtime import headers as hdr
@@ -78,7 +78,7 @@ def fill(warehouse: Warehouse) -> None:
         ]
     }
     event = {**completion("embeddings", "doc-1", chunks=2), "model_version": MODEL}
-    warehouse.insert(CHUNKS, chunk_rows(completion_event(event), stored), CHUNK_COLUMNS)
+    warehouse.insert(CHUNKS, chunk_rows(embedded_event(event), stored), CHUNK_COLUMNS)
     warehouse.insert(
         STAGE_RESULTS, [stage_result_row(completion_event(event))], STAGE_RESULT_COLUMNS
     )  # makes them current

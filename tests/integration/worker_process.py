@@ -14,9 +14,8 @@ import hashlib
 import time
 from pathlib import Path
 
-from confluent_kafka import Message
-
 from consumers.runtime import Context, Worker
+from consumers.runtime.message import Message
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from docstream.settings import RuntimeSettings

@@ -140,8 +140,8 @@ def dashboard_exprs() -> list[str]:
 def settings_field_exists(env_name: str) -> bool:
     """Whether an environment variable names a field of `Settings` (prefix DOCSTREAM_, `__` nesting,
     or a field's alias such as KAFKA_BOOTSTRAP_SERVERS)."""
-    for field in Settings.model_fields.values():
-        alias = field.validation_alias
+    for declared in Settings.model_fields.values():
+        alias = declared.validation_alias
         if isinstance(alias, AliasChoices) and env_name in alias.choices:
             return True
     if not env_name.startswith("DOCSTREAM_"):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from consumers.runtime import headers as hdr
 from consumers.runtime.handoff import Chunk, LaneReport, Revoke
 from consumers.runtime.lanes import Lane, LaneContext
-from consumers.runtime.message import Event
+from consumers.runtime.message import Context, Event, Message
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 from docstream.errors import PermanentError, TransientError
@@ -22,7 +22,7 @@ class FakeRaw:
     offset_: int
     topic_: str = "doc.uploaded"
     partition_: int = 0
-    headers_: list[tuple[str, bytes]] = field(default_factory=list)
+    headers_: hdr.HeaderList = field(default_factory=list)
 
     def key(self) -> bytes | None:
         return self.key_
@@ -42,7 +42,7 @@ class FakeRaw:
     def timestamp(self) -> tuple[int, int]:
         return (1, 1000)
 
-    def headers(self) -> list[tuple[str, bytes]]:
+    def headers(self) -> hdr.HeaderList:
         return self.headers_
 
 
@@ -62,8 +62,9 @@ class Harness:
             self.handle, None, context, self.reroute, lambda e: parks, lambda: self.now, lambda r: None
         )
 
-    def handle(self, message: FakeRaw, ctx: LaneContext) -> None:
+    def handle(self, message: Message, ctx: Context) -> None:
         value = message.value()
+        assert value is not None  # a FakeRaw always has one
         if value in self.fail and ctx.attempt == 1:
             raise self.fail[value]
         self.handled.append(value)
@@ -88,7 +89,7 @@ class Harness:
             }
         )
         self.retry_offset += 1
-        raw = FakeRaw(key, value, self.retry_offset, topic_="g.retry", headers_=headers)  # type: ignore[arg-type]
+        raw = FakeRaw(key, value, self.retry_offset, topic_="g.retry", headers_=headers)
         return (raw, Segment(("g.retry", 0)), True)
 
     def process(self, *items: Item) -> LaneReport:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.pages import PDF, Page, render_pages
+from consumers.pages import Page, render_pages
 from docstream.errors import PermanentError
+from docstream.validation import PDF
 from producers.documents import SAMPLE_TEXTS, broken_pdf, page_image, pdf_bomb_like, scanned_pdf, text_pdf
 
 LETTER_AT_100_DPI = (1100, 850, 3)  # 11 x 8.5 inches, height x width x RGB

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from consumers.runtime import Context, RunStats, Worker
+from consumers.runtime import Context, Handler, RunStats, Worker
 from consumers.runtime import headers as hdr
+from consumers.runtime.clients import RebalanceCallback
 from docstream.errors import TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
 
@@ -121,11 +122,18 @@ class FakeConsumer:
         self.paused: set[TP] = set()
         self.stored: dict[TP, int] = {}
         self.closed = False
-        self.callbacks: dict[str, Callable[[Any, list[TopicPartition]], None]] = {}
+        self.callbacks: dict[str, RebalanceCallback] = {}
         self.rebalances: list[tuple[str, list[TopicPartition]]] = []
 
-    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
-        self.callbacks = callbacks
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        given = {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_lost}
+        self.callbacks = {name: callback for name, callback in given.items() if callback is not None}
         parts = [TopicPartition(t, p) for t in topics for p in range(self.cluster.partitions)]
         self.rebalances.append(("on_assign", parts))
 
@@ -225,13 +233,16 @@ class FakeProducer:
     def produce(
         self,
         topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
         partition: int = -1,
+        callback: Callable[..., None] | None = None,
         on_delivery: Callable[..., None] | None = None,
+        timestamp: int = 0,
         headers: Any = None,
-        **_: Any,
     ) -> None:
+        assert not isinstance(key, str) and not isinstance(value, str), "the runtime produces bytes"
+        on_delivery = on_delivery or callback  # confluent-kafka's alias
         partition = self.cluster.partition_of(key) if partition < 0 else partition
         self.cluster.note("produce", topic, key, value)
         with self.lock:
@@ -254,7 +265,7 @@ class FakeProducer:
         return len(self.pending)
 
 
-def worker(cluster: Cluster, handler: Callable[[Any, Context], None], **runtime: Any) -> Worker:
+def worker(cluster: Cluster, handler: Handler, **runtime: Any) -> Worker:
     settings: dict[str, Any] = {
         "concurrency": 1,
         "shutdown_timeout_s": 2.0,

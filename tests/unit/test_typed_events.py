@@ -71,8 +71,8 @@ _PRIMITIVE_TYPES: dict[str, object] = {
 }
 
 
-def _expected(node: Any) -> object:
-    """The Python type an Avro schema node maps to."""
+def _expected(node: Any) -> Any:
+    """The Python type an Avro schema node maps to (a type form: a class, a union, a generic alias)."""
     if isinstance(node, list):
         [inner] = [b for b in node if b != "null"]
         return _expected(inner) | None
@@ -203,7 +203,8 @@ def test_values_are_frozen_and_timestamps_aware() -> None:
 
 def test_epoch_milliseconds_read_as_the_codec_reads_them() -> None:
     ms = round(AT.timestamp() * 1000)
-    thumb = {"long_side": 256, "width": 200, "height": 256, "uri": "file:///t.webp"}  # a v1 thumbnail: page 1
+    # a v1 thumbnail: page 1
+    thumb: dict[str, Any] = {"long_side": 256, "width": 200, "height": 256, "uri": "file:///t.webp"}
     done = events.DocThumbnailed.from_record(
         {
             **dict.fromkeys(

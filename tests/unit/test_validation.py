@@ -28,11 +28,12 @@ def upload(**overrides: Any) -> dict[str, Any]:
 
 
 def completion(kind: str = "ocr", **overrides: Any) -> dict[str, Any]:
-    own = {
+    stage_fields: dict[str, dict[str, Any]] = {
         "ocr": {"pages": 3, "pages_ocr": 1, "mean_confidence": 0.9, "engine": "e"},
         "embeddings": {"chunks": 4, "dimensions": 384, "model": "m"},
         "thumbnails": {"sizes": []},
-    }[kind]
+    }
+    own = stage_fields[kind]
     return (
         {
             "document_id": "doc-1",
