@@ -141,10 +141,11 @@ def produce(
     upload and completions share a partition number), or all to `partition`."""
     codec, producer = make_codec(None), Producer({**conf, "compression.type": "lz4"})  # as the publisher
     for topic, event_type, record in items:
-        where = {} if partition is None else {"partition": partition}
-        producer.produce(
-            topic, key=record["document_id"].encode(), value=codec.encode(event_type, record), **where
-        )
+        key, value = record["document_id"].encode(), codec.encode(event_type, record)
+        if partition is None:
+            producer.produce(topic, key=key, value=value)
+        else:
+            producer.produce(topic, key=key, value=value, partition=partition)
     assert producer.flush(15) == 0
 
 
@@ -421,7 +422,9 @@ def test_rollups_stay_exact_when_two_workers_are_killed_and_restarted_at_random_
             per_topic[topic].append((topics[topic], event_type, done))
             events.append(completion_from_record(done))
     for name in per_topic:  # each topic in its own order of time, as its producers write it
-        per_topic[name].sort(key=lambda item: item[2].get("completed_at", item[2].get("uploaded_at")))
+        per_topic[name].sort(
+            key=lambda item: int(item[2].get("completed_at", item[2].get("uploaded_at")) or 0)
+        )
 
     def publish() -> None:
         for start in range(0, 300, 20):
@@ -482,7 +485,7 @@ def test_rollups_stay_exact_when_two_workers_are_killed_and_restarted_at_random_
     assert sum(r.latency["ocr"].count for k, r in kept.items() if k[1] == HOUR_MS) == 300
 
 
-EMPTY = (0, 0, 0, {})
+EMPTY: tuple[int, int, int, dict[str, Any]] = (0, 0, 0, {})
 
 
 def summary(shape: Any) -> str:

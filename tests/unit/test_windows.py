@@ -226,7 +226,7 @@ def test_the_watermark_never_goes_back() -> None:
 
 
 def test_a_restored_fold_emits_its_closed_windows_again_with_the_same_totals() -> None:
-    events = [
+    events: list[Event] = [
         upload("a", 1_000),
         completion("a", "ocr", 1_000, 2_000, pages=1, content_type=PDF),
         upload("b", 70_000),
@@ -429,7 +429,7 @@ def test_the_repro_of_issue_10_a_backlog_read_out_of_order_across_topics_is_exac
     emitted += folded.due()
     minutes = totals([r for r in emitted if r.window_size == MINUTE_MS])
     assert sum(shape[0] for shape in minutes.values()) == 600
-    assert minutes == {k: _shape(r) for k, r in recount(uploads + done, (MINUTE_MS,)).items()}
+    assert minutes == {k: _shape(r) for k, r in recount([*uploads, *done], (MINUTE_MS,)).items()}
 
 
 def test_a_tick_from_the_future_or_malformed_is_skipped() -> None:
