@@ -24,7 +24,7 @@ from consumers.analytics.windows import (
     current_rows,
     recount,
 )
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     COLUMNS,
     ROLLUPS_TABLE,
     STAGE_RESULTS,

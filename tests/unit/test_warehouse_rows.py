@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from consumers.runtime import headers as hdr
-from consumers.warehouse.sink import (
+from consumers.warehouse.batches import Batcher
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     DEAD_LETTER_COLUMNS,
@@ -19,15 +20,14 @@ from consumers.warehouse.sink import (
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
     UPLOAD_COLUMNS,
-    Batcher,
     Row,
-    SinkTopics,
     chunk_rows,
     dead_letter_row,
     rollup_row,
     stage_result_row,
     upload_row,
 )
+from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import check_read_only, statements
 from docstream.errors import ConfigurationError, InvalidEventError, TransientError
 from docstream.topology import STAGES
