@@ -73,17 +73,9 @@ import faust
 import mode
 from faust.types import TP
 
-from consumers.analytics.windows import (
-    DEFAULT_LATENESS_MS,
-    DEFAULT_WINDOW_SIZES_MS,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
-    WindowFold,
-    completion_from_record,
-    upload_from_record,
-)
+from consumers.analytics.events import Completion, Event, Upload, completion_from_record, upload_from_record
+from consumers.analytics.rollups import Rollup
+from consumers.analytics.windows import DEFAULT_LATENESS_MS, DEFAULT_WINDOW_SIZES_MS, WindowFold
 from consumers.ops.lag import offset_lag
 from consumers.runtime import headers as hdr
 from docstream.errors import DocstreamError

@@ -196,7 +196,7 @@ def dead_letter_row(topic: str, key: bytes | None, headers: Mapping[str, str], t
 
 
 def rollup_row(rollup: Any, limits: Limits = DEFAULT_LIMITS, *, produced_at_ms: int | None = None) -> Row:
-    """The `rollups` row of an analytics.rollups record (consumers.analytics.windows.Rollup.to_dict,
+    """The `rollups` row of an analytics.rollups record (consumers.analytics.rollups.Rollup.to_dict,
     plus the source `partition` whose partial it is, consumers.analytics.app, and its `revision`:
     0 when absent, higher each time a late event amends the window).
 

@@ -29,17 +29,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from consumers.analytics.events import Event, completion_from_record, upload_from_record
+from consumers.analytics.rollups import Rollup, current_rows, merge_partials
 from consumers.analytics.sketch import LatencySketch
-from consumers.analytics.windows import (
-    HOUR_MS,
-    Event,
-    Rollup,
-    completion_from_record,
-    current_rows,
-    merge_partials,
-    recount,
-    upload_from_record,
-)
+from consumers.analytics.windows import HOUR_MS, recount
 from schemas.codec import make_codec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

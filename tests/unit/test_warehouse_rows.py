@@ -347,7 +347,7 @@ def test_a_ddl_file_splits_into_its_statements_without_comments() -> None:
 
 
 def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns() -> None:
-    from consumers.analytics.windows import Rollup
+    from consumers.analytics.rollups import Rollup
 
     rollup = Rollup(1_704_067_200_000, 60_000, "acme", "application/pdf", documents=2, bytes=300, pages=4)
     rollup.latency["ocr"].add(100)

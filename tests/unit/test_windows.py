@@ -10,22 +10,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumers.analytics.events import (
+    Completion,
+    Event,
+    Upload,
+    completion_from_event,
+    completion_from_record,
+    epoch_ms,
+    upload_from_record,
+)
+from consumers.analytics.rollups import Rollup, current_rows, merge_partials
 from consumers.analytics.windows import (
     HOUR_MS,
     MINUTE_MS,
     UNKNOWN_CONTENT_TYPE,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
     WindowFold,
-    completion_from_event,
-    completion_from_record,
-    current_rows,
-    epoch_ms,
-    merge_partials,
     recount,
-    upload_from_record,
     window_start,
 )
 from schemas.events import DocOcrDone
