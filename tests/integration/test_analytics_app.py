@@ -506,7 +506,8 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
     record is taken as it comes."""
     import asyncio
 
-    from consumers.analytics.app import _Positions, _Record
+    from consumers.analytics.readback import Positions as _Positions
+    from consumers.analytics.readback import Record as _Record
 
     topic = new_topic(1, "skips")
     producer = Producer(admin_conf)

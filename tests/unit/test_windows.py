@@ -437,7 +437,8 @@ def test_a_tick_from_the_future_or_malformed_is_skipped() -> None:
     every kept window (consumers.analytics.app._tick)."""
     import json
 
-    from consumers.analytics.app import _Record, _tick
+    from consumers.analytics.clock import tick_time as _tick
+    from consumers.analytics.readback import Record as _Record
 
     def tick(at_ms: object, produced_ms: int | None = 1_800_000_000_000) -> int | None:
         value = json.dumps({"kind": "Tick", "at_ms": at_ms}).encode()
