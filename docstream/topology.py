@@ -20,7 +20,7 @@ OCR_DONE = "doc.ocr.done"
 EMBEDDED = "doc.embedded"
 THUMBNAILED = "doc.thumbnailed"
 ROLLUPS = "analytics.rollups"
-# The analytics worker's idle ticks (consumers.analytics.app): co-partitioned with the sources, so
+# The analytics worker's idle ticks (consumers.analytics.clock): co-partitioned with the sources, so
 # that a tick is folded, and committed, in the same partition's transaction as that partition's events.
 ANALYTICS_CLOCK = "analytics.clock"
 

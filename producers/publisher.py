@@ -28,6 +28,11 @@ unsupported content type or a bad id is refused with InvalidEventError.
     with Publisher.from_settings(settings) as publisher:
         doc = publisher.publish_document(Path("invoice.pdf"), tenant="acme")
         print(doc.document_id, doc.delivery.partition, doc.delivery.offset)
+
+Over 400 lines because it is one thing, the `Publisher` class: its event paths, its document path
+(store, then publish) and its delivery bookkeeping share one producer and its state, so they stay
+together; what is pure already lives beside it (`producers.delivery`: futures and delivery
+errors; `producers.events`: the doc.uploaded record, ids and content types).
 """
 
 from __future__ import annotations

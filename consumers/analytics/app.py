@@ -29,7 +29,7 @@ the SET of events it holds, each keyed by its identity, and emits revisions that
   with a higher revision; windows and the events they need are kept `lateness_ms` after they
   closed (default an hour);
 - at least once: faust commits a partition's offsets after flushing its producer (table writes
-  and rollups first, see `_drain_table_writes_on_flush`), so every committed event is in the
+  and rollups first, see `drain_table_writes_on_flush`), so every committed event is in the
   table; an event read again after a crash has the same identity and counts once;
 - after a restart or a rebalance faust recovers the table from its changelog and p's next event
   rebuilds p's fold from it (`WindowFold.restored`); every closed window it holds is emitted once
@@ -54,18 +54,22 @@ Per event, in this order:
     2. produce each due rollup and wait for the broker's ack;
     3. delete the table entries of events no kept window needs;
     4. faust flushes 1. and 3. and commits the offsets, on its commit interval.
+
+This module wires the app (`make_app`: the table, the agent, the idle timer); its parts live
+beside it: the fold and its events and rollups (`windows`, `events`, `rollups`), the read-back of
+records faust skipped (`readback`: `Positions`, `Record`), the dead-letter sender (`dead_letters`),
+the idle clock and its ticks (`clock`), and the patch to faust's flush (`faust_flush`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,21 +77,15 @@ import faust
 import mode
 from faust.types import TP
 
-from consumers.analytics.windows import (
-    DEFAULT_LATENESS_MS,
-    DEFAULT_WINDOW_SIZES_MS,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
-    WindowFold,
-    completion_from_record,
-    upload_from_record,
-)
+from consumers.analytics.clock import IdleClock, tick_due, tick_time
+from consumers.analytics.dead_letters import DeadLetterSender
+from consumers.analytics.events import Completion, Event, Upload, completion_from_record, upload_from_record
+from consumers.analytics.faust_flush import drain_table_writes_on_flush
+from consumers.analytics.readback import Positions, Record
+from consumers.analytics.rollups import Rollup
+from consumers.analytics.windows import DEFAULT_LATENESS_MS, DEFAULT_WINDOW_SIZES_MS, WindowFold
 from consumers.ops.lag import offset_lag
-from consumers.runtime import headers as hdr
 from docstream.errors import DocstreamError
-from docstream.kafka import clients
 from docstream.topology import (
     ANALYTICS_CLOCK,
     DOC_UPLOADED,
@@ -97,7 +95,6 @@ from docstream.topology import (
     dead_letter_topic,
 )
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
-from docstream.validation import timestamp_ms as validate_time
 from schemas.codec import Codec, make_codec
 
 logger = logging.getLogger(__name__)
@@ -112,8 +109,6 @@ DECLARED_TOPICS = {  # role -> the declared topic
 WATERMARK_KEY = "__watermark__"
 DEFAULT_GRACE_MS = 10_000
 DEFAULT_IDLE_MS = 2_000
-TICK = "Tick"
-EVENTS_KEY = b"tick"  # the key of the idle ticks (their partition is set explicitly)
 
 
 def rollup_key(rollup: Rollup) -> str:
@@ -181,7 +176,7 @@ def make_app(
     codec = codec or make_codec(None)
     datadir = datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data")
     os.makedirs(os.path.dirname(os.path.abspath(datadir)), exist_ok=True)  # faust makes the last level only
-    _drain_table_writes_on_flush()
+    drain_table_writes_on_flush()
     app = faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
@@ -216,8 +211,8 @@ def make_app(
     open_events = app.Table("rollup-state", default=None, partitions=partitions)  # json keys, values
     counters = Counters()
     folds: dict[int, WindowFold] = {}  # partition -> its fold; rebuilt from the table when absent
-    clock = _IdleClock()
-    dlq = _DeadLetters(bootstrap, dead_letters or dead_letter_topic(app_id), app_id)
+    clock = IdleClock()
+    dlq = DeadLetterSender(bootstrap, dead_letters or dead_letter_topic(app_id), app_id)
 
     def fold_of(partition: int) -> WindowFold:
         fold = folds.get(partition)
@@ -249,19 +244,19 @@ def make_app(
         offset: int | None = offsets.get(TP(topic, partition))
         return offset
 
-    positions = _Positions(bootstrap, app_id, committed)
+    positions = Positions(bootstrap, app_id, committed)
 
     @app.on_partitions_revoked.connect
     async def forget_folds(*_: Any, **__: Any) -> None:
         folds.clear()  # rebuilt from the recovered table, partition by partition
         positions.forget()
 
-    async def handle(record: _Record) -> None:
+    async def handle(record: Record) -> None:
         """One source record: folded (or dead-lettered), then 2. and 3. of the module docstring."""
         p, where = record.partition, f"{record.topic}[{record.partition}]@{record.offset}"
         state = fold_of(p)
         if record.topic == clock_topic:
-            tick = _tick(record, where, limits)
+            tick = tick_time(record, where, limits)
             if tick is None:
                 return
             clock.tick_pending.discard(p)
@@ -319,7 +314,7 @@ def make_app(
     @app.agent(sources, supervisor_strategy=mode.CrashingSupervisor)
     async def fold(stream: Any) -> None:
         async for event in stream.events():
-            record = _Record.of(event.message, event.value)
+            record = Record.of(event.message, event.value)
             if record.topic != clock_topic:  # a skipped tick is harmless: the next one carries the time
                 skipped = await positions.skipped(record)
                 for missed in skipped:
@@ -347,7 +342,7 @@ def make_app(
                 for tp in app.consumer.assignment()
                 if tp.topic == clock_topic
                 and tp.partition not in clock.tick_pending
-                and _tick_due(folds.get(tp.partition), tp.partition, open_events, now_ms)
+                and tick_due(folds.get(tp.partition), tp.partition, open_events, now_ms)
             ]
             if not due:
                 return
@@ -367,268 +362,3 @@ def make_app(
             )
 
     return app
-
-
-DRAIN_TIMEOUT_S = 30.0
-
-
-def _drain_table_writes_on_flush() -> None:
-    """Make faust's producer flush wait until every buffered table write is sent (once per process).
-
-    faust commits a source offset only after `app.producer.flush()` (its at-least-once commit, and
-    the commit before a rebalance hands partitions over). A table write is queued in the producer's
-    `ProducerBuffer` and sent by a background task, and faust 0.15.3's flush gave up on that buffer
-    after 0.1 s without a send (`ProducerBuffer.flush_atmost`): an offset could be committed with its
-    event's table write still queued. A crash then lost the write; a rebalance handed the partition
-    to a worker that recovered the changelog before the write reached it. Either way the event was
-    committed and missing from the fold (rollups short by the last events a worker handled before a
-    rebalance). Patched here: `ProducerBuffer._send_pending` counts the sends in flight, and the
-    flush first waits until the buffer is empty and none is in flight (bounded by DRAIN_TIMEOUT_S,
-    then it logs and goes on rather than hang).
-    """
-    from faust.transport.drivers.aiokafka import Producer
-    from faust.transport.producer import ProducerBuffer
-
-    if getattr(Producer.flush, "_docstream_drains", False):
-        return
-    send_pending, flush = ProducerBuffer._send_pending, Producer.flush
-
-    async def counted_send_pending(self: Any, fut: Any) -> None:
-        self._docstream_in_flight = getattr(self, "_docstream_in_flight", 0) + 1
-        try:
-            await send_pending(self, fut)
-        finally:
-            self._docstream_in_flight -= 1
-
-    async def draining_flush(self: Any) -> None:
-        buffer = self.buffer
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while buffer.size or getattr(buffer, "_docstream_in_flight", 0):
-            if time.monotonic() > deadline:
-                logger.warning("flushing with %d table writes still buffered", buffer.size)
-                break
-            await asyncio.sleep(0.005)
-        await flush(self)
-
-    draining_flush._docstream_drains = True  # type: ignore[attr-defined]
-    ProducerBuffer._send_pending = counted_send_pending  # type: ignore[method-assign]
-    Producer.flush = draining_flush  # type: ignore[method-assign]
-
-
-def _tick(record: _Record, where: str, limits: Limits = DEFAULT_LIMITS) -> int | None:
-    """The time a tick carries; None (logged) for a malformed one, or one later than its own record
-    (a tick far in the future would drop every kept window)."""
-    try:
-        data = json.loads(record.value or b"")
-        if data.get("kind") != TICK:
-            raise ValueError(f"kind {data.get('kind')!r}")
-        at_ms = validate_time(data["at_ms"], "at_ms", "tick", limits, record.timestamp_ms)
-    except (DocstreamError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        logger.error("skipping a malformed tick at %s: %s", where, exc)
-        return None
-    return at_ms
-
-
-def _tick_due(state: WindowFold | None, partition: int, open_events: Any, now_ms: int) -> bool:
-    """A tick would make a rollup of the partition due, or re-fold entries recovered for it."""
-    if state is None:
-        prefix = f"{partition}/"
-        return any(key.startswith(prefix) for key in open_events)
-    due = state.next_due_ms()
-    return due is not None and due <= now_ms
-
-
-@dataclass(frozen=True)
-class _Record:
-    """A source record, as faust hands it over or as `_Positions` reads it back."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    value: bytes | None
-
-    @classmethod
-    def of(cls, message: Any, value: bytes | None) -> _Record:
-        timestamp_ms = int(message.timestamp * 1000) if message.timestamp else None
-        return cls(message.topic, message.partition, message.offset, timestamp_ms, message.key, value)
-
-
-READ_BACK_TIMEOUT_S = 30.0
-
-
-class _Positions:
-    """The next offset of each source partition, to fold the records faust skips.
-
-    faust-streaming 0.15.3 keeps, per partition, the offset it last read; after a rebalance it seeks
-    to the committed offset but drops every record below that read offset ("DROPPED MESSAGE ROFF"
-    in `Consumer._drain_messages`), so a record prefetched before the rebalance reaches the agent
-    and the ones between the committed offset and it never do (faust-streaming issues #216, #221).
-    Then either faust took the hole for a gap (compaction, transaction markers: #312, #606) and
-    committed past it, losing those records (seen here: two workers killed and restarted, 3 uploads
-    and their completions never folded, rollups short), or its commit waited for them forever (the
-    group's offsets stopped moving). docstream's source topics have neither compaction nor
-    transactions, so their offsets are consecutive: a record past the next expected offset means
-    records were skipped. They are read back from the topic and folded before it (the fold is the
-    same in any order), then marked as a gap for faust's commit, which now passes them only once
-    they are in the table. The next expected offset of a partition just assigned is where faust
-    sought it: the group's committed offset (`committed`, faust's own record of it). Records faust
-    hands over before that seek are where the client itself starts, the committed offset, so the
-    first of them is taken as it comes (reading back from the log start then, as an earlier version
-    did, left faust's commit waiting for offsets below its own committed one).
-    """
-
-    def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
-        self._bootstrap, self._group, self._committed = bootstrap, group, committed
-        self._next: dict[tuple[str, int], int] = {}
-        self._reader: Any = None
-
-    def forget(self) -> None:
-        self._next.clear()
-
-    def seen(self, record: _Record) -> None:
-        where = (record.topic, record.partition)
-        self._next[where] = max(self._next.get(where, 0), record.offset + 1)
-
-    async def skipped(self, record: _Record) -> list[_Record]:
-        """The records of `record`'s partition between the next expected offset and it."""
-        start = self._next.get((record.topic, record.partition))
-        if start is None:  # the first record since the partition was assigned: where faust sought
-            start = self._committed(record.topic, record.partition)
-        if start is None or record.offset <= start:
-            # Not sought yet (faust may hand records over just before its seek), or no hole.
-            return []
-        logger.warning(
-            "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"
-            " back from the topic",
-            record.topic,
-            record.partition,
-            record.offset,
-            start,
-            record.offset - start,
-        )
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self._read, record.topic, record.partition, start, record.offset
-        )
-
-    def _read(self, topic: str, partition: int, start: int, end: int) -> list[_Record]:
-        """The records of offsets start..end-1 that the log still holds (retention may have taken the
-        oldest; a control record or a compacted offset is passed over: reading ends once the
-        consumer's position reaches `end`)."""
-        from confluent_kafka import TopicPartition
-
-        consumer = self._consumer()
-        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_BACK_TIMEOUT_S)
-        start = max(start, low)
-        if start >= end:
-            return []
-        consumer.assign([TopicPartition(topic, partition, start)])
-        found: list[_Record] = []
-        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
-        try:
-            while consumer.position([TopicPartition(topic, partition)])[0].offset < end:
-                if time.monotonic() > deadline:
-                    raise DocstreamError(
-                        f"{topic}[{partition}]: could not read back offsets {start}..{end - 1}"
-                    )
-                for message in consumer.consume(max(1, end - start - len(found)), 1.0):
-                    if message.error() is None and start <= message.offset() < end:
-                        timestamp = message.timestamp()[1]
-                        found.append(
-                            _Record(
-                                topic,
-                                partition,
-                                message.offset(),
-                                timestamp if timestamp > 0 else None,
-                                message.key(),
-                                message.value(),
-                            )
-                        )
-        finally:
-            consumer.unassign()
-        return found
-
-    def _consumer(self) -> Any:
-        if self._reader is None:
-            self._reader = clients.consumer(
-                {
-                    "bootstrap.servers": self._bootstrap,
-                    "group.id": f"{self._group}.read-back",  # never joined nor committed: assign() only
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": False,
-                }
-            )
-        return self._reader
-
-
-class _DeadLetters:
-    """The analytics group's dead-letter topic: an event that cannot be folded, with its reason, in
-    the headers the runtime's dead letters carry (consumers.runtime.routing), so that `docstream dlq`
-    and the warehouse read them alike. Sent and acknowledged before the event counts as handled."""
-
-    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self._bootstrap, self.topic, self._group = bootstrap, topic, group
-        self._producer: Any = None
-
-    def send(self, record: _Record, error: BaseException) -> None:
-        if self._producer is None:
-            self._producer = clients.producer(
-                {"bootstrap.servers": self._bootstrap, "linger.ms": 0, "acks": "all"}
-            )
-        headers = hdr.encode(
-            {
-                hdr.ORIGINAL_TOPIC: record.topic,
-                hdr.ORIGINAL_PARTITION: record.partition,
-                hdr.ORIGINAL_OFFSET: record.offset,
-                hdr.ORIGINAL_TIMESTAMP_MS: record.timestamp_ms or 0,
-                hdr.GROUP: self._group,
-                hdr.ERROR_CLASS: f"{type(error).__module__}.{type(error).__qualname__}",
-                hdr.ERROR_MESSAGE: str(error)[:8_000],
-                hdr.ATTEMPT: 1,
-            }
-        )
-        failures: list[Any] = []
-        self._producer.produce(
-            self.topic,
-            record.value,
-            record.key,
-            partition=record.partition,
-            headers=headers,
-            on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
-        )
-        if self._producer.flush(30) or failures:
-            raise DocstreamError(
-                f"dead letter of {record.topic}[{record.partition}]@{record.offset} not "
-                f"acknowledged: {failures or 'timed out'}"
-            )
-
-
-class _IdleClock:
-    """When the worker last saw an event, and the producer of its idle ticks."""
-
-    def __init__(self) -> None:
-        self.last_event = time.monotonic()
-        self.tick_pending: set[int] = set()  # partitions whose tick was sent and not folded yet
-        self._tick_sent = 0.0
-        self._producer: Any = None
-
-    def touch(self) -> None:
-        self.last_event = time.monotonic()
-
-    def idle(self, idle_ms: int) -> bool:
-        """Idle long enough (pending ticks are forgotten after 10 s, in case one was lost)."""
-        now = time.monotonic()
-        if self.tick_pending and now - self._tick_sent >= 10.0:
-            self.tick_pending.clear()
-        return (now - self.last_event) * 1000 >= idle_ms
-
-    def send_ticks(self, bootstrap: str, topic: str, partitions: list[int], at_ms: int) -> None:
-        if self._producer is None:
-            self._producer = clients.producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
-        value = json.dumps({"kind": TICK, "at_ms": at_ms}).encode()
-        for partition in partitions:
-            self._producer.produce(topic, key=EVENTS_KEY, value=value, partition=partition)
-        self._producer.flush(5.0)
-        self.tick_pending.update(partitions)
-        self._tick_sent = time.monotonic()

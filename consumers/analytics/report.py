@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from consumers.analytics.events import STAGES
 from consumers.analytics.sketch import LatencySketch
-from consumers.analytics.windows import STAGES
 
 HOUR_S, MINUTE_S = 3600, 60
 ROLLUPS = (

@@ -24,17 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from consumers.analytics.events import STAGES, Completion, Event, Upload, epoch_ms
+from consumers.analytics.rollups import Rollup, merge_partials
 from consumers.analytics.sketch import LatencySketch
-from consumers.analytics.windows import (
-    STAGES,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
-    epoch_ms,
-    merge_partials,
-    recount,
-)
+from consumers.analytics.windows import recount
 from consumers.warehouse.store import Queries
 
 UPLOADS = (

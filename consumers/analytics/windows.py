@@ -1,7 +1,7 @@
 """Tumbling-window rollups of the pipeline's events, per (tenant, content type): pure, no Kafka.
 
-`WindowFold` folds two kinds of event into 1-minute and 1-hour tumbling windows (the sizes are a
-constructor argument), for one source partition:
+`WindowFold` folds two kinds of event (consumers.analytics.events) into 1-minute and 1-hour
+tumbling windows (the sizes are a constructor argument), for one source partition:
 
 - an `Upload` (from doc.uploaded), placed by `uploaded_at`: documents += 1, bytes += size;
 - a `Completion` (from doc.ocr.done, doc.embedded, doc.thumbnailed), placed by `completed_at`:
@@ -25,8 +25,9 @@ event that arrives in time is dropped:
   the window's `revision`, a function of what it holds that grows with every change (its events,
   plus the older completions whose content type became known). Whatever order emissions reach a
   store in, the rows of the highest revision of a window are its complete rollups
-  (`current_rows`; the warehouse keeps the highest revision per row, ReplacingMergeTree(revision),
-  and its readers the rows of each window's highest revision);
+  (`current_rows`, consumers.analytics.rollups with `Rollup`; the warehouse keeps the highest
+  revision per row, ReplacingMergeTree(revision), and its readers the rows of each window's highest
+  revision);
 - a window is kept (with the events it needs) for `lateness_ms` after it closed; an event for a
   window older than that is too late for it and is counted in `late[size]` (it may still count in a
   larger window that is kept).
@@ -40,31 +41,26 @@ one is filed under its upload's type, looked up by its upload's identity among t
 or waits for that upload until its first window closes, and is then filed under
 `UNKNOWN_CONTENT_TYPE` (moved if the upload turns up while the window is kept).
 
+`recount` counts a set of events in one batch: what the fold emits for them in the end, the
+reference it is tested against.
+
 All time is injected: the caller passes event times and the watermark.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
-from consumers.analytics.sketch import DEFAULT_RELATIVE_ACCURACY, LatencySketch
-from docstream import topology
-from docstream.topology import STAGE_NAMES
-from schemas import events
+from consumers.analytics.events import Completion, Event, Upload
+from consumers.analytics.rollups import Rollup, RollupKey
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 DEFAULT_WINDOW_SIZES_MS = (MINUTE_MS, HOUR_MS)
 DEFAULT_LATENESS_MS = HOUR_MS
-STAGES = STAGE_NAMES  # every declared stage has a latency sketch
-UPLOADED = "uploaded"
 UNKNOWN_CONTENT_TYPE = "unknown"
 
 
@@ -73,182 +69,6 @@ def window_start(ts_ms: int, size_ms: int) -> int:
     if size_ms <= 0:
         raise ValueError(f"window size must be positive, not {size_ms}")
     return ts_ms - ts_ms % size_ms
-
-
-@dataclass(frozen=True)
-class Upload:
-    """The fields of a doc.uploaded event that the rollup uses."""
-
-    document_id: str
-    tenant: str
-    content_type: str
-    size_bytes: int
-    uploaded_at_ms: int
-
-    @property
-    def key(self) -> str:
-        """The upload's identity: the same event delivered or published again has the same one."""
-        return upload_key(self.tenant, self.document_id, self.uploaded_at_ms)
-
-    @property
-    def time_ms(self) -> int:
-        return self.uploaded_at_ms
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The fields of a stage's completion event that the rollup uses (pages: OCR only)."""
-
-    stage: str
-    document_id: str
-    tenant: str
-    idempotency_key: str
-    upload_at_ms: int
-    completed_at_ms: int
-    pages: int | None = None
-    content_type: str | None = None
-
-    @property
-    def key(self) -> str:
-        """The completion's identity: its stage's effect (content + version) for one upload."""
-        return f"{self.stage}:{self.tenant}:{self.document_id}:{self.upload_at_ms}:{self.idempotency_key}"
-
-    @property
-    def upload(self) -> str:
-        """The identity of the upload this completion is for."""
-        return upload_key(self.tenant, self.document_id, self.upload_at_ms)
-
-    @property
-    def time_ms(self) -> int:
-        return self.completed_at_ms
-
-    @property
-    def latency_ms(self) -> int:
-        """Upload to completion; 0 when the clocks say the stage finished before the upload."""
-        return max(0, self.completed_at_ms - self.upload_at_ms)
-
-
-Event = Upload | Completion
-
-
-def upload_key(tenant: str, document_id: str, uploaded_at_ms: int) -> str:
-    return f"{UPLOADED}:{tenant}:{document_id}:{uploaded_at_ms}"
-
-
-def epoch_ms(value: datetime | int) -> int:
-    """Epoch milliseconds of an aware datetime (as the codec decodes timestamps) or of an int."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("naive datetime: timestamps must be timezone-aware")
-        return math.floor(value.timestamp() * 1000 + 0.5)
-    return int(value)
-
-
-def upload_from_event(upload: events.DocUploaded) -> Upload:
-    """The `Upload` of a doc.uploaded event (schemas.events)."""
-    return Upload(
-        document_id=upload.document_id,
-        tenant=upload.tenant,
-        content_type=upload.content_type,
-        size_bytes=upload.size_bytes,
-        uploaded_at_ms=epoch_ms(upload.uploaded_at),
-    )
-
-
-def completion_from_event(done: events.Completion) -> Completion:
-    """The `Completion` of a doc.ocr.done, doc.embedded or doc.thumbnailed event (schemas.events).
-
-    Completion events carry the upload's content type since their versions with `computed_at`;
-    an older one has none (see the module docstring).
-    """
-    if done.stage not in STAGES:
-        raise ValueError(f"unknown stage {done.stage!r}; expected one of {STAGES}")
-    return Completion(
-        stage=done.stage,
-        document_id=done.document_id,
-        tenant=done.tenant,
-        idempotency_key=done.idempotency_key,
-        upload_at_ms=epoch_ms(done.upload_at),
-        completed_at_ms=epoch_ms(done.completed_at),
-        pages=done.pages if isinstance(done, events.DocOcrDone) and done.stage == "ocr" else None,
-        content_type=done.content_type,
-    )
-
-
-def upload_from_record(record: Mapping[str, Any]) -> Upload:
-    """The `Upload` of a decoded doc.uploaded record (its typed event first)."""
-    return upload_from_event(events.DocUploaded.from_record(record))
-
-
-def completion_from_record(record: Mapping[str, Any], event_type: str | None = None) -> Completion:
-    """The `Completion` of a decoded completion record of `event_type` (by default the type of
-    its stage's completions, docstream.topology.STAGES)."""
-    if event_type is None:
-        if record["stage"] not in STAGES:
-            raise ValueError(f"unknown stage {record['stage']!r}; expected one of {STAGES}")
-        event_type = topology.stage(record["stage"]).result_event
-    done = events.event_from_record(event_type, record)
-    if isinstance(done, events.DocUploaded):
-        raise ValueError(f"{event_type} is not a completion")
-    return completion_from_event(done)
-
-
-def _empty_sketches() -> dict[str, LatencySketch]:
-    return {stage: LatencySketch(DEFAULT_RELATIVE_ACCURACY) for stage in STAGES}
-
-
-@dataclass
-class Rollup:
-    """One window's totals for one (tenant, content type); `revision`: events in its window."""
-
-    window_start: int
-    window_size: int
-    tenant: str
-    content_type: str
-    documents: int = 0
-    bytes: int = 0
-    pages: int = 0
-    latency: dict[str, LatencySketch] = field(default_factory=_empty_sketches)
-    revision: int = 0
-
-    @property
-    def window_end(self) -> int:
-        """The first millisecond after the window."""
-        return self.window_start + self.window_size
-
-    def add(self, event: Event) -> None:
-        if isinstance(event, Upload):
-            self.documents += 1
-            self.bytes += event.size_bytes
-        else:
-            self.latency[event.stage].add(event.latency_ms)
-            if event.stage == "ocr" and event.pages:
-                self.pages += event.pages
-
-    def copy(self) -> Rollup:
-        return dataclasses.replace(self, latency={stage: s.copy() for stage, s in self.latency.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able row: the totals, and per stage the sketch with its count, p50 and p95."""
-        return {
-            "window_start": self.window_start,
-            "window_size": self.window_size,
-            "tenant": self.tenant,
-            "content_type": self.content_type,
-            "documents": self.documents,
-            "bytes": self.bytes,
-            "pages": self.pages,
-            "revision": self.revision,
-            "latency": {
-                stage: {
-                    "count": sketch.count,
-                    "p50_ms": sketch.quantile(0.5),
-                    "p95_ms": sketch.quantile(0.95),
-                    "sketch": sketch.to_dict(),
-                }
-                for stage, sketch in self.latency.items()
-            },
-        }
 
 
 WindowKey = tuple[int, int]  # window_start, window_size
@@ -508,25 +328,6 @@ class WindowFold:
         window.stale = False
 
 
-RollupKey = tuple[int, int, str, str]  # window_start, window_size, tenant, content_type
-
-
-def current_rows(emitted: Iterable[tuple[int, Rollup]]) -> list[Rollup]:
-    """Of rollups emitted as (source partition, rollup), in any order and with repeats, the rows of
-    each (window, partition)'s highest revision, one per (tenant, content type): the window's
-    complete rollups. A row that an earlier emission had and the latest has not (a content type an
-    older completion left) drops out."""
-    best: dict[tuple[int, int, int], dict[tuple[str, str], Rollup]] = {}
-    revision: dict[tuple[int, int, int], int] = {}
-    for partition, rollup in emitted:
-        window = (rollup.window_start, rollup.window_size, partition)
-        if rollup.revision > revision.get(window, -1):
-            revision[window], best[window] = rollup.revision, {}
-        if rollup.revision == revision[window]:
-            best[window][(rollup.tenant, rollup.content_type)] = rollup
-    return [rollup for rows in best.values() for rollup in rows.values()]
-
-
 def recount(
     events: Iterable[Event], window_sizes_ms: Iterable[int] = DEFAULT_WINDOW_SIZES_MS
 ) -> dict[RollupKey, Rollup]:
@@ -547,21 +348,4 @@ def recount(
             if key not in out:
                 out[key] = Rollup(*key)
             out[key].add(event)
-    return out
-
-
-def merge_partials(rollups: Iterable[Rollup]) -> dict[RollupKey, Rollup]:
-    """Per (window, tenant, content type), the sum of the partials of every source partition:
-    documents, bytes and pages added, latency sketches merged."""
-    out: dict[RollupKey, Rollup] = {}
-    for rollup in rollups:
-        key = (rollup.window_start, rollup.window_size, rollup.tenant, rollup.content_type)
-        total = out.get(key)
-        if total is None:
-            total = out[key] = Rollup(*key)
-        total.documents += rollup.documents
-        total.bytes += rollup.bytes
-        total.pages += rollup.pages
-        for stage, sketch in rollup.latency.items():
-            total.latency.setdefault(stage, LatencySketch(sketch.relative_accuracy)).merge(sketch)
     return out

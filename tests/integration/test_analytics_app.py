@@ -29,17 +29,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from consumers.analytics.events import Event, completion_from_record, upload_from_record
+from consumers.analytics.rollups import Rollup, current_rows, merge_partials
 from consumers.analytics.sketch import LatencySketch
-from consumers.analytics.windows import (
-    HOUR_MS,
-    Event,
-    Rollup,
-    completion_from_record,
-    current_rows,
-    merge_partials,
-    recount,
-    upload_from_record,
-)
+from consumers.analytics.windows import HOUR_MS, recount
 from schemas.codec import make_codec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -516,7 +509,8 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
     record is taken as it comes."""
     import asyncio
 
-    from consumers.analytics.app import _Positions, _Record
+    from consumers.analytics.readback import Positions as _Positions
+    from consumers.analytics.readback import Record as _Record
 
     topic = new_topic(1, "skips")
     producer = Producer(admin_conf)

@@ -14,17 +14,11 @@ from typing import Any
 
 from typed_records import completion_event, upload_event
 
+from consumers.analytics.events import Completion, Event, Upload
+from consumers.analytics.rollups import Rollup, current_rows
 from consumers.analytics.verify import compare, verify
-from consumers.analytics.windows import (
-    MINUTE_MS,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
-    current_rows,
-    recount,
-)
-from consumers.warehouse.sink import (
+from consumers.analytics.windows import MINUTE_MS, recount
+from consumers.warehouse.rows import (
     COLUMNS,
     ROLLUPS_TABLE,
     STAGE_RESULTS,

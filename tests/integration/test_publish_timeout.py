@@ -16,8 +16,9 @@ import pytest
 from kafka_helpers import read_messages
 from typed_records import upload_event
 
-from consumers.analytics.windows import WindowFold, upload_from_record
-from consumers.warehouse.sink import upload_row
+from consumers.analytics.events import upload_from_record
+from consumers.analytics.windows import WindowFold
+from consumers.warehouse.rows import upload_row
 from docstream.blobstore import BlobStore
 from docstream.errors import PublishTimeout
 from docstream.idempotency import completion_key

@@ -29,17 +29,15 @@ from typer.testing import CliRunner, Result
 from consumers.embeddings.model import EmbeddingModel
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
-    SinkTopics,
-    WarehouseSink,
     chunk_rows,
     stage_result_row,
-    warehouse_insert,
 )
+from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli import app

@@ -17,8 +17,8 @@ from warehouse_owner import NOW_MS, fill
 
 from consumers.analytics.sketch import LatencySketch
 from consumers.warehouse.query_server import open_for_queries, serve_queries
+from consumers.warehouse.rows import ROLLUP_COLUMNS, ROLLUPS_TABLE
 from consumers.warehouse.search import NOTHING_INDEXED, search
-from consumers.warehouse.sink import ROLLUP_COLUMNS, ROLLUPS_TABLE
 from consumers.warehouse.store import Warehouse
 from docstream.cli import app
 from docstream.cli.warehouse import DDL_DIR

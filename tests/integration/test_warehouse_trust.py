@@ -29,7 +29,7 @@ from typed_records import completion_event, embedded_event
 
 from consumers.runtime import RunStats, Worker
 from consumers.runtime import headers as hdr
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     ROLLUP_COLUMNS,
@@ -37,13 +37,11 @@ from consumers.warehouse.sink import (
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
     Row,
-    SinkTopics,
-    WarehouseSink,
     chunk_rows,
     rollup_row,
     stage_result_row,
-    warehouse_insert,
 )
+from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli.warehouse import DDL_DIR

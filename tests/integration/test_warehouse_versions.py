@@ -26,18 +26,16 @@ from typed_records import completion_event, embedded_event
 
 from consumers.runtime import Worker
 from consumers.stage import completion
-from consumers.warehouse.search import search
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
-    SinkTopics,
-    WarehouseSink,
     chunk_rows,
     stage_result_row,
-    warehouse_insert,
 )
+from consumers.warehouse.search import search
+from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse
 from docstream.blobstore import BlobStore
 from docstream.cli.warehouse import DDL_DIR

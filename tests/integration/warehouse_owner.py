@@ -28,7 +28,7 @@ from typed_records import completion_event, embedded_event
 from consumers.analytics.sketch import LatencySketch
 from consumers.runtime import headers as hdr
 from consumers.warehouse.query_server import Endpoint, serve_queries
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     DEAD_LETTER_COLUMNS,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.warehouse.sink import CHUNKS, STAGE_RESULTS, Batcher, Done, Row, Rows, write_batch
+from consumers.warehouse.batches import Batcher, Done, write_batch
+from consumers.warehouse.rows import CHUNKS, STAGE_RESULTS, Row, Rows
 from docstream.errors import PermanentError, TransientError
 
 UPLOADS = "docstream.uploads"

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from consumers.runtime import headers as hdr
-from consumers.warehouse.sink import (
+from consumers.warehouse.batches import Batcher
+from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,
     DEAD_LETTER_COLUMNS,
@@ -19,15 +20,14 @@ from consumers.warehouse.sink import (
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
     UPLOAD_COLUMNS,
-    Batcher,
     Row,
-    SinkTopics,
     chunk_rows,
     dead_letter_row,
     rollup_row,
     stage_result_row,
     upload_row,
 )
+from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import check_read_only, statements
 from docstream.errors import ConfigurationError, InvalidEventError, TransientError
 from docstream.topology import STAGES
@@ -347,7 +347,7 @@ def test_a_ddl_file_splits_into_its_statements_without_comments() -> None:
 
 
 def test_a_rollup_record_becomes_one_rollups_row_with_per_stage_latency_columns() -> None:
-    from consumers.analytics.windows import Rollup
+    from consumers.analytics.rollups import Rollup
 
     rollup = Rollup(1_704_067_200_000, 60_000, "acme", "application/pdf", documents=2, bytes=300, pages=4)
     rollup.latency["ocr"].add(100)

@@ -19,17 +19,15 @@ from consumers.runtime import headers as hdr
 from consumers.runtime.lanes import Segment
 from consumers.runtime.message import Event
 from consumers.runtime.routing import retry_record
-from consumers.warehouse.sink import (
+from consumers.warehouse.rows import (
     CHUNKS,
     DEAD_LETTERS,
     STAGE_RESULT_COLUMNS,
     STAGE_RESULTS,
     UPLOAD_COLUMNS,
     UPLOADS,
-    Origin,
-    SinkTopics,
-    WarehouseSink,
 )
+from consumers.warehouse.sink import Origin, SinkTopics, WarehouseSink
 from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError, TransientError, UnsafeReferenceError
 from docstream.idempotency import idempotency_key

@@ -10,22 +10,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumers.analytics.events import (
+    Completion,
+    Event,
+    Upload,
+    completion_from_event,
+    completion_from_record,
+    epoch_ms,
+    upload_from_record,
+)
+from consumers.analytics.rollups import Rollup, current_rows, merge_partials
 from consumers.analytics.windows import (
     HOUR_MS,
     MINUTE_MS,
     UNKNOWN_CONTENT_TYPE,
-    Completion,
-    Event,
-    Rollup,
-    Upload,
     WindowFold,
-    completion_from_event,
-    completion_from_record,
-    current_rows,
-    epoch_ms,
-    merge_partials,
     recount,
-    upload_from_record,
     window_start,
 )
 from schemas.events import DocOcrDone
@@ -437,7 +437,8 @@ def test_a_tick_from_the_future_or_malformed_is_skipped() -> None:
     every kept window (consumers.analytics.app._tick)."""
     import json
 
-    from consumers.analytics.app import _Record, _tick
+    from consumers.analytics.clock import tick_time as _tick
+    from consumers.analytics.readback import Record as _Record
 
     def tick(at_ms: object, produced_ms: int | None = 1_800_000_000_000) -> int | None:
         value = json.dumps({"kind": "Tick", "at_ms": at_ms}).encode()

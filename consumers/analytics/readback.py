@@ -1,0 +1,144 @@
+"""Read-back of the records faust skipped: `Positions` notices them and reads them from the topic.
+
+`Record` is a source record of the analytics worker, as faust hands it over or as `Positions`
+reads it back; the agent (consumers.analytics.app) folds the skipped records before the one
+faust handed over. Why faust skips them: see `Positions`, and docs/notes-faust.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from docstream.errors import DocstreamError
+from docstream.kafka import clients
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A source record, as faust hands it over or as `Positions` reads it back."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+    @classmethod
+    def of(cls, message: Any, value: bytes | None) -> Record:
+        timestamp_ms = int(message.timestamp * 1000) if message.timestamp else None
+        return cls(message.topic, message.partition, message.offset, timestamp_ms, message.key, value)
+
+
+READ_BACK_TIMEOUT_S = 30.0
+
+
+class Positions:
+    """The next offset of each source partition, to fold the records faust skips.
+
+    faust-streaming 0.15.3 keeps, per partition, the offset it last read; after a rebalance it seeks
+    to the committed offset but drops every record below that read offset ("DROPPED MESSAGE ROFF"
+    in `Consumer._drain_messages`), so a record prefetched before the rebalance reaches the agent
+    and the ones between the committed offset and it never do (faust-streaming issues #216, #221).
+    Then either faust took the hole for a gap (compaction, transaction markers: #312, #606) and
+    committed past it, losing those records (seen here: two workers killed and restarted, 3 uploads
+    and their completions never folded, rollups short), or its commit waited for them forever (the
+    group's offsets stopped moving). docstream's source topics have neither compaction nor
+    transactions, so their offsets are consecutive: a record past the next expected offset means
+    records were skipped. They are read back from the topic and folded before it (the fold is the
+    same in any order), then marked as a gap for faust's commit, which now passes them only once
+    they are in the table. The next expected offset of a partition just assigned is where faust
+    sought it: the group's committed offset (`committed`, faust's own record of it). Records faust
+    hands over before that seek are where the client itself starts, the committed offset, so the
+    first of them is taken as it comes (reading back from the log start then, as an earlier version
+    did, left faust's commit waiting for offsets below its own committed one).
+    """
+
+    def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
+        self._bootstrap, self._group, self._committed = bootstrap, group, committed
+        self._next: dict[tuple[str, int], int] = {}
+        self._reader: Any = None
+
+    def forget(self) -> None:
+        self._next.clear()
+
+    def seen(self, record: Record) -> None:
+        where = (record.topic, record.partition)
+        self._next[where] = max(self._next.get(where, 0), record.offset + 1)
+
+    async def skipped(self, record: Record) -> list[Record]:
+        """The records of `record`'s partition between the next expected offset and it."""
+        start = self._next.get((record.topic, record.partition))
+        if start is None:  # the first record since the partition was assigned: where faust sought
+            start = self._committed(record.topic, record.partition)
+        if start is None or record.offset <= start:
+            # Not sought yet (faust may hand records over just before its seek), or no hole.
+            return []
+        logger.warning(
+            "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"
+            " back from the topic",
+            record.topic,
+            record.partition,
+            record.offset,
+            start,
+            record.offset - start,
+        )
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._read, record.topic, record.partition, start, record.offset
+        )
+
+    def _read(self, topic: str, partition: int, start: int, end: int) -> list[Record]:
+        """The records of offsets start..end-1 that the log still holds (retention may have taken the
+        oldest; a control record or a compacted offset is passed over: reading ends once the
+        consumer's position reaches `end`)."""
+        from confluent_kafka import TopicPartition
+
+        consumer = self._consumer()
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_BACK_TIMEOUT_S)
+        start = max(start, low)
+        if start >= end:
+            return []
+        consumer.assign([TopicPartition(topic, partition, start)])
+        found: list[Record] = []
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        try:
+            while consumer.position([TopicPartition(topic, partition)])[0].offset < end:
+                if time.monotonic() > deadline:
+                    raise DocstreamError(
+                        f"{topic}[{partition}]: could not read back offsets {start}..{end - 1}"
+                    )
+                for message in consumer.consume(max(1, end - start - len(found)), 1.0):
+                    if message.error() is None and start <= message.offset() < end:
+                        timestamp = message.timestamp()[1]
+                        found.append(
+                            Record(
+                                topic,
+                                partition,
+                                message.offset(),
+                                timestamp if timestamp > 0 else None,
+                                message.key(),
+                                message.value(),
+                            )
+                        )
+        finally:
+            consumer.unassign()
+        return found
+
+    def _consumer(self) -> Any:
+        if self._reader is None:
+            self._reader = clients.consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": f"{self._group}.read-back",  # never joined nor committed: assign() only
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                }
+            )
+        return self._reader
