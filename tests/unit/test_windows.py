@@ -434,7 +434,7 @@ def test_the_repro_of_issue_10_a_backlog_read_out_of_order_across_topics_is_exac
 
 def test_a_tick_from_the_future_or_malformed_is_skipped() -> None:
     """analytics.clock ticks are checked like events: one later than its own record would drop
-    every kept window (consumers.analytics.app._tick)."""
+    every kept window (consumers.analytics.clock.tick_time)."""
     import json
 
     from consumers.analytics.clock import tick_time as _tick
