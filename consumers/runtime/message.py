@@ -135,7 +135,7 @@ class Context(Protocol):
 class Handler(Protocol):
     """A stage's work on one message. Raise TransientError / PermanentError to classify."""
 
-    def __call__(self, message: Message, ctx: Context) -> None: ...
+    def __call__(self, message: Message, ctx: Context, /) -> None: ...  # called positionally
 
 
 Decoder = Callable[[Message, Context], object]  # (message, ctx) -> record; raise DecodeError if it can't
