@@ -55,7 +55,7 @@ class LaneContext:
         self.segment: Segment | None = None
         self.via_retry = False
         self.event: Event | None = None
-        self.record: Any = None
+        self.record: Any = None  # the decoder's result, as untyped as `Context.record`
 
     def held(self) -> Event:
         """The message as an `Event` (made on first need: a retry's headers, an emit, a failure)."""

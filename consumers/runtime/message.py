@@ -101,9 +101,9 @@ class Message(Protocol):
 class Context(Protocol):
     """What the runtime tells a handler about the message it handles, and how it emits."""
 
-    # What the worker's decoder made of the message (None without a decoder). Any: its type is the
-    # worker's decoder's (consumers.stage: an `Input`), which the runtime only passes along; typing
-    # it would make Context, Handler, Decoder and Worker generic in it.
+    # What the worker's decoder made of the message (None without a decoder). Left untyped: its type
+    # is the worker's decoder's (consumers.stage: an `Input`), which the runtime only passes along;
+    # typing it would make Context, Handler, Decoder and Worker generic in it.
     record: Any
 
     @property
