@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
-from consumers.runtime import Worker
+from consumers.runtime import Context, Worker
+from consumers.runtime.message import Decoder, Handler, Message
 from consumers.stage import Outcomes, Stage, stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.kafka.config import connection_config
@@ -30,6 +31,25 @@ if TYPE_CHECKING:
 
 WORKER_GROUPS = STAGE_NAMES
 
+_R = TypeVar("_R")
+
+
+class CallWrapper(Protocol):
+    """Wraps a worker's handler or decoder; the wrapped call may return None instead (a side
+    replay passes over events outside its ranges: consumers.ops.replay.side)."""
+
+    def __call__(
+        self, call: Callable[[Message, Context], _R], /
+    ) -> Callable[[Message, Context], _R | None]: ...
+
+
+class StageModule(Protocol):
+    """What the module of a declared stage supplies (docstream.topology.StageSpec.module)."""
+
+    def build_stage(self, settings: Settings, blobs: BlobStore) -> Stage: ...
+
+    def stage_version(self, settings: Settings) -> str: ...
+
 
 @dataclass
 class WorkerOptions:
@@ -39,7 +59,7 @@ class WorkerOptions:
     dead_letter_to: str | None = None  # None: the group id's own dead-letter topic
     emit_reused: bool = True  # emit completion events for results that existed
     outcomes: Outcomes = field(default_factory=Outcomes)  # computed / reused / ignored, counted
-    wrap_calls: Callable[[Any], Any] | None = None  # wraps the handler and the decoder (replay bounds)
+    wrap_calls: CallWrapper | None = None  # wraps the handler and the decoder (replay bounds)
     schema_catalog: Catalog | None = None  # None: the shipped schemas
 
 
@@ -59,27 +79,30 @@ def build_worker(
         built, blobs, codec, outcomes=options.outcomes, emit_reused=options.emit_reused, limits=limits
     )
     decoder = stage_decoder(codec, limits, dict(spec.inputs))
-    wiring: dict[str, Any] = {"handler": handler, "decoder": decoder}
-    if options.wrap_calls is not None:
-        wiring = {part: options.wrap_calls(call) for part, call in wiring.items()}
+    if options.wrap_calls is None:
+        wired: tuple[Handler, Decoder] = (handler, decoder)
+    else:
+        wired = (options.wrap_calls(handler), options.wrap_calls(decoder))
     return Worker(
         group_id=options.group_id or group_id(spec.name, settings.group_prefix),
         topics=list(spec.topics),
         connection=connection_config(settings),
         runtime=settings.runtime,
         dead_letter_to=options.dead_letter_to,
-        **wiring,  # handler and decoder, typed above
+        handler=wired[0],
+        decoder=wired[1],
     )
 
 
 def stage_version(name: str, settings: Settings) -> str:
     """The version a declared stage runs with `settings`, without loading its models."""
-    version: str = _module(stage(name)).stage_version(settings)
-    return version
+    return _module(stage(name)).stage_version(settings)
 
 
-def _module(spec: StageSpec) -> Any:
-    return importlib.import_module(spec.module)
+def _module(spec: StageSpec) -> StageModule:
+    # Cast: a module's attributes are not known before it is imported; StageSpec.module names one
+    # with these functions (tests/unit/test_topology.py checks every declared stage's).
+    return cast(StageModule, importlib.import_module(spec.module))
 
 
 def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:

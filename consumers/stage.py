@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
@@ -48,7 +48,12 @@ from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, va
 from schemas.codec import Codec
 from schemas.events import Completion, DocUploaded, Event, event_from_record
 
-Compute = Callable[[], tuple[bytes, dict[str, Any]]]
+StageFields = Mapping[str, object]
+"""The completion fields a stage returns: its own fields of its completion event (each stage's
+TypedDict: `consumers.ocr.worker.OcrFields`, ...), which `completion` merges into the record."""
+
+Compute = Callable[[], tuple[bytes, StageFields]]  # the result object and the stage's fields
+CompletionRecord = dict[str, object]  # a completion event as the codec encodes it
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ class Output(Protocol):
     result_topic: str
     result_event: str  # the event type of its completion events
 
-    def summarise(self, stored: bytes) -> dict[str, Any]:
+    def summarise(self, stored: bytes) -> StageFields:
         """The stage's own completion fields, read back from a stored result object."""
 
 
@@ -125,11 +130,11 @@ class UploadStage:
     result_event: str
     version: str
 
-    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, StageFields]:
         """The result object (bytes to store) and the stage's own completion fields."""
         raise NotImplementedError
 
-    def summarise(self, stored: bytes) -> dict[str, Any]:
+    def summarise(self, stored: bytes) -> StageFields:
         raise NotImplementedError
 
     def prepare(self, event: Input, inputs: Inputs) -> Work | None:
@@ -238,7 +243,7 @@ class Effects:
         document: DocUploaded | Completion,
         *,
         upload_offset: int | None,
-        compute: Callable[[], tuple[bytes, dict[str, Any]]],
+        compute: Compute,
         started: float,
     ) -> None:
         """The effect of `stage` at `version` on `document`, and its completion event, once."""
@@ -276,7 +281,7 @@ class Effects:
             event = self._record(stage.name, ckey, event)  # 4.
         ctx.emit(stage.result_topic, kafka_key, self._codec.encode(stage.result_event, event))
 
-    def _record(self, stage: str, ckey: str, event: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, stage: str, ckey: str, event: CompletionRecord) -> CompletionRecord:
         """Write the completion once; when another delivery of this upload won, theirs is the one."""
         data = json.dumps(_jsonable(event), sort_keys=True).encode()
         if self._blobs.put_completion(stage, ckey, data):
@@ -285,7 +290,7 @@ class Effects:
         return json.loads(recorded) if recorded is not None else _jsonable(event)
 
 
-def _jsonable(event: Mapping[str, Any]) -> dict[str, Any]:
+def _jsonable(event: Mapping[str, object]) -> CompletionRecord:
     """A completion with its timestamps as epoch ms (the codec takes those for timestamp-millis)."""
     return {
         name: round(value.timestamp() * 1000) if isinstance(value, datetime) else value
@@ -299,12 +304,12 @@ def completion(
     blobs: BlobStore,
     document: DocUploaded | Completion,
     key: str,
-    fields: dict[str, Any],
+    fields: StageFields,
     started: float,
     clock: Callable[[], float],
     *,
     upload_offset: int | None = None,
-) -> dict[str, Any]:
+) -> CompletionRecord:
     """The completion event of a stage for a document (`doc.uploaded` or an earlier completion).
 
     Call it once the result object is written: its write time is `computed_at`, the same on
@@ -345,7 +350,7 @@ def stage_decoder(
     def decode(message: Message, ctx: Context) -> Input:
         topic, _, offset, produced_at = ctx.origin
         event_type = types.get(topic, UPLOAD_EVENT)
-        record: dict[str, Any] = codec.decode(
+        record: dict[str, object] = codec.decode(  # untrusted values until validated
             event_type, message.value() or b"", topic=topic, coordinates=ctx.coordinates
         )
         if event_type == UPLOAD_EVENT:

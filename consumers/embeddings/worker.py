@@ -12,7 +12,7 @@ bumped OCR version is embedded again, under a new key.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from consumers.embeddings.chunking import chunk_page
 from consumers.stage import Input, Inputs, Work
@@ -30,6 +30,14 @@ Pages = list[tuple[int, str]]  # (page number, text)
 
 
 MAX_WORDS, OVERLAP = 120, 20  # the chunking: words per chunk, words shared by neighbours
+
+
+class EmbeddingFields(TypedDict):
+    """The embeddings stage's own fields of `doc.embedded` (schemas/doc_embedded/v3.avsc)."""
+
+    chunks: int
+    dimensions: int  # of each vector
+    model: str  # the model's version (name and file hash)
 
 
 def embeddings_version(model_version: str, max_words: int = MAX_WORDS, overlap: int = OVERLAP) -> str:
@@ -89,7 +97,7 @@ class EmbeddingStage:
         version = f"{self.version}+{done.model_version}"
         return Work(done, version, done.upload_offset, lambda: self.compute(read))
 
-    def compute(self, pages: Pages) -> tuple[bytes, dict[str, Any]]:
+    def compute(self, pages: Pages) -> tuple[bytes, EmbeddingFields]:
         chunks: list[dict[str, Any]] = [
             {
                 "page": number,
@@ -107,11 +115,11 @@ class EmbeddingStage:
         stored = {"model": self._model.model_version, "dimensions": self._model.dimensions, "chunks": chunks}
         return json.dumps(stored).encode(), self.summarise_chunks(stored)
 
-    def summarise(self, stored: bytes) -> dict[str, Any]:
+    def summarise(self, stored: bytes) -> EmbeddingFields:
         return self.summarise_chunks(json.loads(stored))
 
     @staticmethod
-    def summarise_chunks(stored: dict[str, Any]) -> dict[str, Any]:
+    def summarise_chunks(stored: dict[str, Any]) -> EmbeddingFields:
         return {"chunks": len(stored["chunks"]), "dimensions": stored["dimensions"], "model": stored["model"]}
 
 

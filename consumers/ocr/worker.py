@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from consumers.pages import Page, plain_text, render_pages
 from consumers.stage import UploadStage
@@ -28,6 +28,15 @@ if TYPE_CHECKING:  # types only: importing the engine loads rapidocr and cv2
     from docstream.blobstore import BlobStore
 
 ENGINE = "rapidocr-3.10.0"
+
+
+class OcrFields(TypedDict):
+    """The OCR stage's own fields of `doc.ocr.done` (schemas/doc_ocr_done/v3.avsc)."""
+
+    pages: int
+    pages_ocr: int  # pages read by OCR (the others kept their text layer)
+    mean_confidence: float  # over the pages read by OCR; 1.0 when there were none
+    engine: str  # the OCR engine and the provider it ran on
 
 
 class PageReader(Protocol):
@@ -58,7 +67,7 @@ class OcrStage(UploadStage):
         self.result_topic = result_topic
         self.version = ocr_version(settings)
 
-    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, OcrFields]:
         pages = self._pages(upload.content_type, content)
         numbers, images = [], []
         for page in pages:
@@ -88,11 +97,11 @@ class OcrStage(UploadStage):
         stored = {"engine": f"{ENGINE}/{self._engine.provider}", "pages": result}
         return json.dumps(stored).encode(), self.summarise_pages(stored)
 
-    def summarise(self, stored: bytes) -> dict[str, Any]:
+    def summarise(self, stored: bytes) -> OcrFields:
         return self.summarise_pages(json.loads(stored))
 
     @staticmethod
-    def summarise_pages(stored: dict[str, Any]) -> dict[str, Any]:
+    def summarise_pages(stored: dict[str, Any]) -> OcrFields:
         pages = stored["pages"]
         read = [p["confidence"] for p in pages if p["source"] == "ocr"]
         return {

@@ -16,7 +16,7 @@ routing.py   the retry and dead-letter records of a failed message (pure)
 headers.py   retry / dead-letter header names and their encoding
 stats.py     RunStats and WorkerHealth, what a worker reports
 
-Imports run one way: offsets <- message <- handoff <- lanes <- loop, and
+Imports run one way: offsets <- message <- handoff, clients <- lanes <- loop, and
 gates, flow, clients <- partitions <- loop (no cycle).
 """
 

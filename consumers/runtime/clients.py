@@ -8,14 +8,39 @@ factories that return fakes: anything with these methods will do (tests/unit/tes
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, Protocol, cast
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 
+from consumers.runtime import headers as hdr
+from consumers.runtime.message import Message
 from docstream.kafka import clients
 
-RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
+ConfigValue = str | int | float | bool  # a librdkafka property's value
+Connection = Mapping[str, ConfigValue]  # bootstrap servers, SASL/SSL (docstream.kafka.config), and so on
+ClientConfig = dict[str, object]
+"""A client's whole configuration, as docstream.kafka.config builds it: property values, and a
+watched client's `logger` and `error_cb` (docstream.kafka.connection.ConnectionWatch)."""
+
+RebalanceCallback = Callable[["ConsumerClient", list[TopicPartition]], None]
+DeliveryCallback = Callable[[KafkaError | None, KafkaMessage], None]  # (error or None, the record)
+
+
+class Consumed(Message, Protocol):
+    """What a consumer returns: a message, or an error event in its place (`error()` not None).
+
+    A message (`error()` None) has its coordinates; the loop reads them only then, so they are
+    typed as a message's, not as an error event's (which may lack them)."""
+
+    def error(self) -> KafkaError | None: ...
+
+    def topic(self) -> str: ...
+
+    def partition(self) -> int: ...
+
+    def offset(self) -> int: ...
 
 
 class ConsumerClient(Protocol):
@@ -29,7 +54,7 @@ class ConsumerClient(Protocol):
         on_lost: RebalanceCallback | None = ...,
     ) -> None: ...
 
-    def consume(self, num_messages: int = ..., timeout: float = ...) -> list[Any]: ...
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> Sequence[Consumed]: ...
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None: ...
 
@@ -49,11 +74,13 @@ class ConsumerClient(Protocol):
         self, partition: TopicPartition, timeout: float = ..., cached: bool = ...
     ) -> tuple[int, int]: ...
 
-    def store_offsets(self, message: Any = ..., offsets: list[TopicPartition] | None = ...) -> None: ...
+    def store_offsets(
+        self, message: KafkaMessage | None = ..., offsets: list[TopicPartition] | None = ...
+    ) -> None: ...
 
-    def commit(self, *, asynchronous: Literal[False]) -> Any: ...
+    def commit(self, *, asynchronous: Literal[False]) -> list[TopicPartition] | None: ...
 
-    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> object: ...  # metadata, unread
 
     def close(self) -> None: ...
 
@@ -67,10 +94,10 @@ class ProducerClient(Protocol):
         value: str | bytes | None = ...,
         key: str | bytes | None = ...,
         partition: int = ...,
-        callback: Callable[..., None] | None = ...,
-        on_delivery: Callable[..., None] | None = ...,
+        callback: DeliveryCallback | None = ...,
+        on_delivery: DeliveryCallback | None = ...,
         timestamp: int = ...,
-        headers: Any = ...,
+        headers: hdr.HeaderList | None = ...,
     ) -> None: ...
 
     def poll(self, timeout: float = ...) -> int: ...
@@ -78,15 +105,19 @@ class ProducerClient(Protocol):
     def flush(self, timeout: float = ...) -> int: ...
 
 
-ConsumerFactory = Callable[[dict[str, Any]], ConsumerClient]  # client configuration -> consumer
-ProducerFactory = Callable[[dict[str, Any]], ProducerClient]
+ConsumerFactory = Callable[[ClientConfig], ConsumerClient]  # client configuration -> consumer
+ProducerFactory = Callable[[ClientConfig], ProducerClient]
 
 
-def kafka_consumer(config: dict[str, Any]) -> ConsumerClient:
-    """The default: a confluent-kafka consumer, built by the Kafka edge (docstream.kafka.clients)."""
-    return clients.consumer(config)
+def kafka_consumer(config: ClientConfig) -> ConsumerClient:
+    """The default: a confluent-kafka consumer, built by the Kafka edge (docstream.kafka.clients).
+
+    Cast: confluent-kafka types its `Message` for every use, a produced one's too: headers a dict
+    or a list, coordinates optional. A consumer's messages carry a list of pairs and their
+    coordinates, as `Consumed` says."""
+    return cast(ConsumerClient, clients.consumer(config))
 
 
-def kafka_producer(config: dict[str, Any]) -> ProducerClient:
+def kafka_producer(config: ClientConfig) -> ProducerClient:
     """The default: a confluent-kafka producer, built by the Kafka edge (docstream.kafka.clients)."""
     return clients.producer(config)

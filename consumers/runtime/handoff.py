@@ -16,9 +16,11 @@ Into the loop's settle queue (`Settlement`, from lane threads and the producer's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
-from consumers.runtime.message import Event
+import confluent_kafka
+
+from consumers.runtime.message import Event, Message
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 
@@ -29,7 +31,7 @@ from consumers.runtime.retry import Route
 class Chunk:
     """Events for one lane from one poll: the messages, each one's segment, and their source."""
 
-    messages: list[Any] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     via_retry: bool = False
 
@@ -79,13 +81,18 @@ class LaneDone:
     report: LaneReport
 
 
+AckError = confluent_kafka.KafkaError | BaseException | None
+"""How a result event ended: the client's delivery error, or the exception a deferred completion
+failed with; None: delivered / completed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Acked:
     """A result event of `event` was acknowledged; `error`: the client's delivery error, or the
     exception a deferred completion failed with (None: delivered / completed)."""
 
     event: Event
-    error: Any
+    error: AckError
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +101,7 @@ class Rerouted:
 
     event: Event
     route: Route
-    error: Any
+    error: confluent_kafka.KafkaError | None
 
 
 Settlement = LaneDone | Acked | Rerouted

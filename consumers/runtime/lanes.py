@@ -27,13 +27,21 @@ from functools import partial
 from itertools import repeat
 from typing import Any
 
+import confluent_kafka
+
 from consumers.runtime import headers as hdr
-from consumers.runtime.handoff import Chunk, LaneItem, LaneReport, Revoke, Stop
-from consumers.runtime.message import Decoder, Event, Handler
+from consumers.runtime.clients import ProducerClient
+from consumers.runtime.handoff import AckError, Chunk, LaneItem, LaneReport, Revoke, Stop
+from consumers.runtime.message import Decoder, Event, Handler, Message, OrderingKey
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 
 __all__ = ["Chunk", "Lane", "LaneContext", "LaneReport", "Reroute", "Segment"]  # Segment: older imports
+
+
+OnAck = Callable[[Event, AckError, confluent_kafka.Message | None], None]
+"""The loop's callback for a result event of `event`: (event, how it ended, the record; None for
+a deferred completion)."""
 
 
 class LaneContext:
@@ -41,18 +49,18 @@ class LaneContext:
 
     __slots__ = ("_on_ack", "_producer", "event", "raw", "record", "segment", "via_retry")
 
-    def __init__(self, producer: Any, on_ack: Callable[[Event, Any, Any], None]) -> None:
+    def __init__(self, producer: ProducerClient, on_ack: OnAck) -> None:
         self._producer, self._on_ack = producer, on_ack
-        self.raw: Any = None
+        self.raw: Message | None = None
         self.segment: Segment | None = None
         self.via_retry = False
         self.event: Event | None = None
-        self.record: Any = None
+        self.record: Any = None  # the decoder's result, as untyped as `Context.record`
 
     def held(self) -> Event:
         """The message as an `Event` (made on first need: a retry's headers, an emit, a failure)."""
         if self.event is None:
-            assert self.segment is not None
+            assert self.raw is not None and self.segment is not None
             self.event = Event(self.raw, self.segment, self.via_retry)
         return self.event
 
@@ -66,7 +74,9 @@ class LaneContext:
 
     @property
     def coordinates(self) -> str:
-        return f"{self.raw.topic()}[{self.raw.partition()}]@{self.raw.offset()}"
+        raw = self.raw
+        assert raw is not None  # set before the decoder and handler run
+        return f"{raw.topic()}[{raw.partition()}]@{raw.offset()}"
 
     def defer(self) -> Callable[[BaseException | None], None]:
         event = self.held()
@@ -79,18 +89,18 @@ class LaneContext:
         event = self.held()
         event.emitted += 1
         callback = partial(self._on_ack, event)
-        extra = {"headers": headers} if headers else {}  # headers=None costs 1-2 us per produce
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=callback, **extra)
+                if headers:
+                    self._producer.produce(topic, value, key, on_delivery=callback, headers=headers)
+                else:  # headers=None costs 1-2 us per produce
+                    self._producer.produce(topic, value, key, on_delivery=callback)
                 return
             except BufferError:  # the producer's queue is full: let deliveries drain, try again
                 self._producer.poll(0.05)
 
 
-def _deferred_done(
-    on_ack: Callable[[Event, Any, Any], None], event: Event, error: BaseException | None = None
-) -> None:
+def _deferred_done(on_ack: OnAck, event: Event, error: BaseException | None = None) -> None:
     on_ack(event, error, None)
 
 
@@ -114,9 +124,9 @@ class Lane:
         self._handler, self._decoder, self._context = handler, decoder, context
         self._reroute, self._parks_retries = reroute, parks_retries
         self._clock_ms, self._report = clock_ms, report
-        self._waiting: dict[Any, list[Event]] = {}  # parked key -> its events behind the retry
-        self._parked_on: dict[Any, int] = {}  # parked key -> the retry partition it waits on
-        self._pending: dict[Any, set[tuple[str, int, int]]] = {}  # parked key -> origins of its retries
+        self._waiting: dict[OrderingKey, list[Event]] = {}  # parked key -> its events behind the retry
+        self._parked_on: dict[OrderingKey, int | None] = {}  # parked key -> the retry partition it waits on
+        self._pending: dict[OrderingKey, set[tuple[str, int, int]]] = {}  # parked key -> retries' origins
         self._delayed: list[tuple[int, int, Event]] = []  # (not_before_ms, seq, retried event)
         self._seq = itertools.count()
 
@@ -160,7 +170,7 @@ class Lane:
         return bool(self._delayed)
 
     @property
-    def parked_keys(self) -> set[Any]:
+    def parked_keys(self) -> set[OrderingKey]:
         return set(self._waiting)
 
     def _run(self, chunk: Chunk, report: LaneReport) -> None:
@@ -184,7 +194,7 @@ class Lane:
         self._handle_event(event, report)
 
     def _handle(
-        self, items: Iterable[tuple[Any, Segment, Event | None]], via_retry: bool, report: LaneReport
+        self, items: Iterable[tuple[Message, Segment, Event | None]], via_retry: bool, report: LaneReport
     ) -> None:
         """The hot path: each message to the decoder and handler, in order; tallies per segment.
 
@@ -197,8 +207,8 @@ class Lane:
             if segment.revoked:
                 report.skipped.append(event or Event(raw, segment, via_retry))  # the new owner reads it
                 continue
-            if waiting and event is None and raw.key() in waiting:
-                waiting[raw.key()].append(Event(raw, segment, via_retry))
+            if waiting and event is None and (key := raw.key()) is not None and key in waiting:
+                waiting[key].append(Event(raw, segment, via_retry))  # keyless: behind no other event
                 continue
             ctx.raw, ctx.segment, ctx.event, ctx.record = raw, segment, event, None
             try:
@@ -228,12 +238,14 @@ class Lane:
         elif event.via_retry:
             self._release(key, report, event.origin[:3])
 
-    def _park(self, key: Any, retry_partition: int, origin: tuple[str, int, int]) -> None:
+    def _park(self, key: OrderingKey, retry_partition: int | None, origin: tuple[str, int, int]) -> None:
         self._waiting.setdefault(key, [])
         self._parked_on[key] = retry_partition
         self._pending.setdefault(key, set()).add(origin)
 
-    def _release(self, key: Any, report: LaneReport, origin: tuple[str, int, int] | None = None) -> None:
+    def _release(
+        self, key: OrderingKey, report: LaneReport, origin: tuple[str, int, int] | None = None
+    ) -> None:
         """The retried event `origin` of `key` is done (None: every one): once none is pending,
         the key's waiting events run, in order."""
         pending = self._pending.get(key)

@@ -45,15 +45,26 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
 
-from confluent_kafka import KafkaException
+import confluent_kafka
+from confluent_kafka import KafkaException, TopicPartition
 
-from consumers.runtime.clients import ConsumerFactory, ProducerFactory, kafka_consumer, kafka_producer
+from consumers.runtime.clients import (
+    ClientConfig,
+    Connection,
+    Consumed,
+    ConsumerClient,
+    ConsumerFactory,
+    ProducerFactory,
+    RebalanceCallback,
+    kafka_consumer,
+    kafka_producer,
+)
 from consumers.runtime.flow import Change, Flow
 from consumers.runtime.handoff import (
     STOP,
     Acked,
+    AckError,
     Chunk,
     LaneDone,
     LaneItem,
@@ -96,12 +107,12 @@ class Worker:
         group_id: str,
         topics: Sequence[str],
         handler: Handler,
-        connection: dict[str, Any],
+        connection: Connection,
         runtime: RuntimeSettings,
         decoder: Decoder | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        consumer_overrides: dict[str, Any] | None = None,
+        consumer_overrides: Connection | None = None,
         dead_letter_to: str | None = None,
         consumer_factory: ConsumerFactory = kafka_consumer,
         producer_factory: ProducerFactory = kafka_producer,
@@ -119,7 +130,7 @@ class Worker:
         conf = partial(self._consumer_config, connection, overrides=consumer_overrides)
         self._consumer = consumer_factory(conf(group_id))
         self._retries = consumer_factory(conf(retry_group_id(group_id)))
-        producer = kafka_config.producer_config(connection, **{"linger.ms": 1})
+        producer = kafka_config.producer_config(dict(connection), **{"linger.ms": 1})
         self._producer = producer_factory(kafka_config.watched(producer, self._watch))
         self._done: queue.SimpleQueue[Settlement] = queue.SimpleQueue()
         self._lanes = [
@@ -214,7 +225,7 @@ class Worker:
 
     # -- 1. poll ----------------------------------------------------------------------------
 
-    def _poll(self) -> tuple[list[Any], list[Any]]:
+    def _poll(self) -> tuple[Sequence[Consumed], Sequence[Consumed]]:
         """Retry-topic events and source events, together no more than the window has room for."""
         room = self._flow.room(self._offsets.in_flight)
         if room <= 0:
@@ -235,16 +246,15 @@ class Worker:
         return retried, fresh
 
     @staticmethod
-    def _skip(raw: Any) -> bool:
+    def _skip(error: confluent_kafka.KafkaError) -> bool:
         """An error event instead of a message: partition EOF and the like; fatal ones raise."""
-        error = raw.error()
         if error.fatal():
             raise KafkaError(f"fatal consumer error: {error}")
         return True
 
     # -- 2. admit -------------------------------------------------------------------------
 
-    def _admit(self, messages: list[Any], via_retry: bool) -> None:
+    def _admit(self, messages: Sequence[Consumed], via_retry: bool) -> None:
         """Cut the batch into segments per partition and hand each event to its key's lane."""
         lanes = len(self._lanes)
         chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
@@ -252,7 +262,8 @@ class Worker:
         segment: Segment | None = None
         run_partition, run_topic, admitted, first_chunk = -1, "", 0, chunks[0]
         for raw in messages:
-            if raw.error() is not None and self._skip(raw):
+            error = raw.error()
+            if error is not None and self._skip(error):
                 continue
             partition, topic = raw.partition(), raw.topic()
             # A client returns runs of one partition: look the segment up only when a run ends.
@@ -299,7 +310,7 @@ class Worker:
         else:
             lane.inbox.put(item)
 
-    def _rewind(self, raw: Any, via_retry: bool) -> None:
+    def _rewind(self, raw: Consumed, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
         self._partitions.rewind(raw, via_retry)
         self.stats.rewound += 1
@@ -339,9 +350,11 @@ class Worker:
             event.handled = True
             self._maybe_finish(event)
         for event in report.skipped:
-            self._offsets.skip(event.segment, event.raw.offset())
+            offset = event.raw.offset()
+            assert offset is not None  # a consumed message's
+            self._offsets.skip(event.segment, offset)
 
-    def _settle_ack(self, event: Event, err: Any) -> None:
+    def _settle_ack(self, event: Event, err: AckError) -> None:
         event.acked += 1
         if isinstance(err, BaseException):  # a deferred completion that failed
             event.failure = err
@@ -358,7 +371,9 @@ class Worker:
         else:
             self._offsets.settle(event.segment, 1)
 
-    def _settle_reroute(self, message: Event, decision: Route, err: Any) -> None:
+    def _settle_reroute(
+        self, message: Event, decision: Route, err: confluent_kafka.KafkaError | None
+    ) -> None:
         if err is None:
             if decision is Route.RETRY:
                 self.stats.retried += 1
@@ -378,7 +393,7 @@ class Worker:
 
     # -- lane callbacks (lane threads) ----------------------------------------------------
 
-    def _on_ack(self, event: Event, err: Any, _msg: Any) -> None:
+    def _on_ack(self, event: Event, err: AckError, _msg: confluent_kafka.Message | None) -> None:
         self._done.put(Acked(event, err))
 
     def _now_ms(self) -> int:
@@ -406,7 +421,13 @@ class Worker:
         )
         return decision
 
-    def _on_reroute_ack(self, message: Event, decision: Route, err: Any, _msg: Any) -> None:
+    def _on_reroute_ack(
+        self,
+        message: Event,
+        decision: Route,
+        err: confluent_kafka.KafkaError | None,
+        _msg: confluent_kafka.Message,
+    ) -> None:
         self._done.put(Rerouted(message, decision, err))
 
     # -- 4. flow control ------------------------------------------------------------------
@@ -424,7 +445,7 @@ class Worker:
 
     # -- rebalances -------------------------------------------------------------------------
 
-    def _guarded(self, callback: Callable[[Any, list[Any]], None]) -> Callable[[Any, list[Any]], None]:
+    def _guarded(self, callback: RebalanceCallback) -> RebalanceCallback:
         """A rebalance callback that never raises into the client.
 
         confluent-kafka runs the callbacks inside consume() and close() and hands an exception
@@ -434,7 +455,7 @@ class Worker:
         returns (`_raise_callback_failure`); `_shutdown` logs one from close().
         """
 
-        def guarded(consumer: Any, partitions: list[Any]) -> None:
+        def guarded(consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
             try:
                 callback(consumer, partitions)
             except Exception as exc:
@@ -447,25 +468,25 @@ class Worker:
         if failure is not None:
             raise KafkaError(f"{self.group_id}: rebalance failed: {failure!r}") from failure
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         if self._closing:  # a join that completed while _shutdown ran: close() revokes it again
             return
         self.stats.rebalances += 1
         self._partitions.assign(consumer, partitions)
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         if self._closing:  # close() revokes everything after _shutdown committed it
             return
         self._hand_back(partitions, commit=True)
         consumer.incremental_unassign(partitions)
 
-    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_lost(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         if self._closing:
             return
         self._hand_back(partitions, commit=False)
         consumer.incremental_unassign(partitions)
 
-    def _hand_back(self, partitions: list[Any], commit: bool) -> None:
+    def _hand_back(self, partitions: list[TopicPartition], commit: bool) -> None:
         """Skip unstarted events of revoked partitions, let running ones finish, commit."""
         self.stats.rebalances += 1
         revoked, numbers = self._partitions.taken(partitions)
@@ -517,8 +538,8 @@ class Worker:
             log.warning("%s: a rebalance callback failed in close(): %r", self.group_id, failure)
 
     def _consumer_config(
-        self, connection: dict[str, Any], group: str, overrides: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        conf = kafka_config.consumer_config(connection, group, self._runtime)
+        self, connection: Connection, group: str, overrides: Connection | None
+    ) -> ClientConfig:
+        conf = kafka_config.consumer_config(dict(connection), group, self._runtime)
         conf.update(overrides or {})
         return kafka_config.watched(conf, self._watch)

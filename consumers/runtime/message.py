@@ -19,13 +19,17 @@ from consumers.runtime.offsets import Segment
 
 _NO_HEADERS: dict[str, str] = {}  # shared by events that did not come through the retry topic
 
+OrderingKey = bytes | tuple[str | None, int | None, int | None]
+"""What orders an event: its Kafka key, or for an event without one its own (topic, partition,
+offset), so that keyless events are independent of one another."""
+
 
 class Event:
     """A message the runtime holds on to, with its segment and settlement state."""
 
     __slots__ = ("_origin_headers", "acked", "emitted", "failure", "handled", "raw", "segment", "via_retry")
 
-    def __init__(self, raw: Any, segment: Segment, via_retry: bool) -> None:
+    def __init__(self, raw: Message, segment: Segment, via_retry: bool) -> None:
         self.raw = raw
         self.segment = segment
         self.via_retry = via_retry
@@ -47,7 +51,7 @@ class Event:
         return key
 
     @property
-    def ordering_key(self) -> Any:
+    def ordering_key(self) -> OrderingKey:
         """Events of one key run in order; events without a key are independent."""
         key = self.raw.key()
         return key if key is not None else (self.raw.topic(), self.raw.partition(), self.raw.offset())
@@ -63,10 +67,12 @@ class Event:
     def origin(self) -> tuple[str, int, int, int]:
         """Where the event was first published: (topic, partition, offset, timestamp_ms)."""
         raw, h = self.raw, self.origin_headers
+        topic, partition, offset = raw.topic(), raw.partition(), raw.offset()
+        assert topic is not None and partition is not None and offset is not None  # a consumed message's
         return (
-            h.get(hdr.ORIGINAL_TOPIC, raw.topic()),
-            int(h.get(hdr.ORIGINAL_PARTITION, raw.partition())),
-            int(h.get(hdr.ORIGINAL_OFFSET, raw.offset())),
+            h.get(hdr.ORIGINAL_TOPIC, topic),
+            int(h.get(hdr.ORIGINAL_PARTITION, partition)),
+            int(h.get(hdr.ORIGINAL_OFFSET, offset)),
             int(h.get(hdr.ORIGINAL_TIMESTAMP_MS, raw.timestamp()[1])),
         )
 
@@ -95,7 +101,10 @@ class Message(Protocol):
 class Context(Protocol):
     """What the runtime tells a handler about the message it handles, and how it emits."""
 
-    record: Any  # what the worker's decoder made of the message (None without a decoder)
+    # What the worker's decoder made of the message (None without a decoder). Left untyped: its type
+    # is the worker's decoder's (consumers.stage: an `Input`), which the runtime only passes along;
+    # typing it would make Context, Handler, Decoder and Worker generic in it.
+    record: Any
 
     @property
     def attempt(self) -> int:
@@ -126,7 +135,7 @@ class Context(Protocol):
 class Handler(Protocol):
     """A stage's work on one message. Raise TransientError / PermanentError to classify."""
 
-    def __call__(self, message: Message, ctx: Context) -> None: ...
+    def __call__(self, message: Message, ctx: Context, /) -> None: ...  # called positionally
 
 
-Decoder = Callable[[Message, Context], Any]  # (message, ctx) -> record; raise DecodeError if it can't
+Decoder = Callable[[Message, Context], object]  # (message, ctx) -> record; raise DecodeError if it can't

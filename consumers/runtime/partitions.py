@@ -14,11 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from consumers.runtime.clients import ConsumerClient
+from consumers.runtime.clients import Consumed, ConsumerClient
 from consumers.runtime.flow import Flow
 from consumers.runtime.gates import Gates
 from consumers.runtime.offsets import TP
@@ -58,7 +57,7 @@ class Partitions:
 
     # -- rebalances -------------------------------------------------------------------------
 
-    def assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         """The group assigned `partitions` (on `consumer`, the group consumer): take them, and
         the retry partitions of their numbers, gated until those are read."""
         consumer.incremental_assign(partitions)
@@ -79,7 +78,7 @@ class Partitions:
             if numbers:
                 self.retries.resume([TopicPartition(self.retry_topic, n) for n in numbers])
 
-    def taken(self, partitions: Iterable[Any]) -> tuple[set[TP], set[int]]:
+    def taken(self, partitions: Iterable[TopicPartition]) -> tuple[set[TP], set[int]]:
         """What a revoke of `partitions` takes away: those and the retry partitions of their
         numbers; and those numbers."""
         revoked = {(tp.topic, tp.partition) for tp in partitions}
@@ -145,7 +144,7 @@ class Partitions:
             if parts:
                 (consumer.pause if paused else consumer.resume)(parts)
 
-    def rewind(self, raw: Any, via_retry: bool) -> None:
+    def rewind(self, raw: Consumed, via_retry: bool) -> None:
         """Read a fetched message again later."""
         consumer = self.retries if via_retry else self.consumer
         with contextlib.suppress(KafkaException):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from consumers.runtime.offsets import TP
 
@@ -41,7 +40,7 @@ class WorkerHealth:
     def ok(self) -> bool:
         return self.broker_reachable and not self.loop_stuck
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:  # for json.dumps
         def iso(at: datetime | None) -> str | None:
             return None if at is None else at.isoformat(timespec="milliseconds")
 

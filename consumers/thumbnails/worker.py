@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import TypedDict
 
 from PIL import Image
 
@@ -22,6 +22,22 @@ from docstream.validation import IMAGE_TYPES, PDF
 from schemas.events import DocUploaded
 
 VERSION = "webp-1"
+
+
+class ThumbnailSize(TypedDict):
+    """One rendered thumbnail (the `Thumbnail` record of schemas/doc_thumbnailed/v4.avsc)."""
+
+    page: int  # 1 for the first
+    long_side: int  # the requested length of the longer side, in pixels
+    width: int
+    height: int
+    uri: str  # where the image is, under the blob store
+
+
+class ThumbnailFields(TypedDict):
+    """The thumbnails stage's own fields of `doc.thumbnailed` (schemas/doc_thumbnailed/v4.avsc)."""
+
+    sizes: list[ThumbnailSize]
 
 
 def thumbnail_version(settings: ThumbnailSettings) -> str:
@@ -43,9 +59,9 @@ class ThumbnailStage(UploadStage):
         self.result_topic = result_topic
         self.version = thumbnail_version(settings)
 
-    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, dict[str, Any]]:
+    def compute(self, upload: DocUploaded, content: bytes) -> tuple[bytes, ThumbnailFields]:
         content_type = upload.content_type
-        sizes: list[dict[str, Any]] = []
+        sizes: list[ThumbnailSize] = []
         if content_type == PDF or content_type in IMAGE_TYPES:
             largest = max(self._settings.long_sides)
             previews = render_preview(
@@ -60,13 +76,13 @@ class ThumbnailStage(UploadStage):
                     self._thumbnail(Image.fromarray(pixels), page, side)
                     for side in sorted(self._settings.long_sides)
                 ]
-        fields = {"sizes": sizes}
+        fields: ThumbnailFields = {"sizes": sizes}
         return json.dumps(fields, sort_keys=True).encode(), fields
 
-    def summarise(self, stored: bytes) -> dict[str, Any]:
+    def summarise(self, stored: bytes) -> ThumbnailFields:
         return {"sizes": json.loads(stored)["sizes"]}
 
-    def _thumbnail(self, page_image: Image.Image, page: int, long_side: int) -> dict[str, Any]:
+    def _thumbnail(self, page_image: Image.Image, page: int, long_side: int) -> ThumbnailSize:
         image = page_image.copy()
         image.thumbnail((long_side, long_side), Image.Resampling.LANCZOS)
         buffer = io.BytesIO()

@@ -53,11 +53,11 @@ class Harness:
     def __init__(self, fail: dict[bytes, Exception] | None = None, parks: bool = True) -> None:
         self.now = 0
         self.handled: list[bytes] = []
-        self.rerouted: list[tuple[bytes, Route]] = []
+        self.rerouted: list[tuple[bytes | None, Route]] = []
         self.fail = fail or {}
         self.segment = Segment(("doc.uploaded", 0))
         self.retry_offset = -1
-        context = LaneContext(producer=None, on_ack=lambda *a: None)
+        context = LaneContext(producer=None, on_ack=lambda *a: None)  # type: ignore[arg-type]  # no emits
         self.lane = Lane(
             self.handle, None, context, self.reroute, lambda e: parks, lambda: self.now, lambda r: None
         )
