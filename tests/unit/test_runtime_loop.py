@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.runtime import Context, Handler, RunStats, Worker
 from consumers.runtime import headers as hdr
@@ -75,6 +75,7 @@ class Cluster:
     timeline: list[tuple[Any, ...]] = field(default_factory=list)
     hold_acks: bool = False  # the producer acknowledges nothing while set
     batch: int = 1000  # the most messages one consume returns
+    watermark_failures: int = 0  # get_watermark_offsets fails this many times (a leader moving)
     consumers: dict[str, FakeConsumer] = field(default_factory=dict)
     producer: FakeProducer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -198,6 +199,12 @@ class FakeConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
+        with self.cluster.lock:
+            failing = self.cluster.watermark_failures > 0
+            self.cluster.watermark_failures -= failing
+        if failing:
+            self.cluster.note("watermarks failed", self.group, (partition.topic, partition.partition))
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "Not leader"))
         return (0, len(self.cluster.logs.get((partition.topic, partition.partition), [])))
 
     def store_offsets(self, message: Any = None, offsets: list[TopicPartition] | None = None) -> None:
@@ -552,3 +559,30 @@ def test_every_message_is_handled_once_and_committed_with_one_or_more_lanes(lane
     assert sorted(seen) == sorted(b"%d" % i for i in range(200)) and stats.fetched == 200
     assert cluster.committed[GROUP] == {(SOURCE, p): len(cluster.logs[(SOURCE, p)]) for p in range(2)}
     assert len(cluster.read("out")) == 40
+
+
+# -- a rebalance callback never crashes the worker -----------------------------------------------
+
+
+def test_offsets_that_cannot_be_read_in_the_assignment_are_read_again_and_nothing_crashes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NOT_LEADER_FOR_PARTITION from get_watermark_offsets inside the assignment callback (a retry
+    topic created a moment earlier): the worker keeps running, its sources wait behind their
+    retry gates, which are read again a little later, and every message is handled once."""
+    cluster = Cluster(partitions=2, watermark_failures=1)
+    for i in range(6):
+        cluster.publish(b"k%d" % i, b"v%d" % i)
+    seen: list[bytes] = []
+
+    def record(message: Any, ctx: Context) -> None:
+        seen.append(message.value())
+
+    with caplog.at_level("DEBUG", logger="consumers.runtime"):
+        stats = run(worker(cluster, record), lambda s: s.handled == 6 and s.in_flight == 0)
+    assert sorted(seen) == sorted(b"v%d" % i for i in range(6)) and stats.dead_lettered == 0
+    failed = [e for e in cluster.timeline if e[0] == "watermarks failed"]
+    assert len(failed) == 1, failed
+    stores = [i for i, e in enumerate(cluster.timeline) if e[0] == "store" and e[2][0] == SOURCE]
+    assert cluster.timeline.index(failed[0]) < min(stores), "the gates failed first, then work went on"
+    assert "not read yet" in caplog.text and "NOT_LEADER_FOR_PARTITION" in caplog.text
