@@ -1,12 +1,23 @@
-"""Benchmark: the consumer runtime with a no-op handler against a raw confluent-kafka loop.
+"""Benchmark: the consumer runtime with a no-op handler against a raw confluent-kafka loop and faust.
 
-Both read the same pre-produced topic from the beginning under fresh group ids, with the
-same at-least-once discipline: an offset is stored only after its message was handled, and
-stored offsets are committed by librdkafka's periodic auto-commit. Rounds alternate so that
-noise on a shared machine hits both sides alike. Each side's best round is compared (as
-`timeit` takes the minimum): on this 2-core machine both sides swing between a fast and a slow
-mode from round to round (thread placement beside librdkafka's threads), and noise only ever
-slows a round down; the median ratio and the round-by-round range are printed beside it.
+The raw loop and the Worker read the same pre-produced 12-partition topic from the beginning
+under fresh positions, with the same at-least-once discipline: an offset is stored only after
+its message was handled, and stored offsets are committed by librdkafka's periodic auto-commit.
+Each side is timed from its first fetched event until it handled the last (start-up and
+shutdown are fixed costs, not throughput, for every side alike).
+
+- raw: `consume(500, 0.1)`, the no-op, `store_offsets` per message;
+- ours: `Worker` with `RuntimeSettings()`, the defaults `docstream worker` runs with
+  (concurrency 8, max_in_flight 64): the main row;
+- ours, tuned: concurrency 1, max_in_flight 2000 (a no-op's p50 ~ 0 gives one lane by
+  docs/tuning.md's rule), what `make bench` used to report: a second row, labelled tuned;
+- faust (a peer): a faust-streaming agent doing the same no-op over the same topic
+  (`tests.bench.faust_agent`, in a child process), over its first `FAUST_EVENTS` events only:
+  it is two orders of magnitude slower, and a round must stay short.
+
+Rounds alternate their order so that noise on a shared machine hits every side alike; the
+figure is each side's median over the rounds (the best rounds and the round-by-round range of
+the ratio are printed beside it: on a 2-core machine rounds swing by tens of percent).
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -26,13 +38,14 @@ from consumers.runtime import Context, Worker
 from consumers.runtime.message import Message
 from docstream.kafka import config as kafka_config
 from docstream.settings import RuntimeSettings
+from tests.bench.faust_agent import consume as faust_consume
 
 PARTITIONS = 12
 VALUE = b"x" * 300  # about the size of an encoded doc.uploaded event
-# A no-op handler has p50 ~ 0, so docs/tuning.md's rule gives one lane; the 4-lane figure is
-# reported beside it to show what thread hand-offs cost when the handler itself costs nothing.
-RUNTIME = RuntimeSettings(concurrency=1, max_in_flight=2000)
-RUNTIME_4_LANES = RuntimeSettings(concurrency=4, max_in_flight=2000)
+DEFAULTS = RuntimeSettings()  # what `docstream worker` runs with
+TUNED = RuntimeSettings(concurrency=1, max_in_flight=2000)
+FAUST_EVENTS = 20_000
+ROUNDS = 5
 
 
 def _prepare(bootstrap: str, n: int) -> str:
@@ -54,7 +67,7 @@ def _prepare(bootstrap: str, n: int) -> str:
 
 
 def _raw(bootstrap: str, topic: str, n: int) -> float:
-    conf = kafka_config.consumer_config({"bootstrap.servers": bootstrap}, f"raw-{uuid.uuid4().hex}", RUNTIME)
+    conf = kafka_config.consumer_config({"bootstrap.servers": bootstrap}, f"raw-{uuid.uuid4().hex}", DEFAULTS)
     consumer = Consumer(conf)
     consumer.subscribe([topic])
     handled, started = 0, 0.0
@@ -75,7 +88,7 @@ def _noop(_msg: Any) -> None:
     return None
 
 
-def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings = RUNTIME) -> float:
+def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings) -> float:
     def handle(message: Message, ctx: Context) -> None:
         return None
 
@@ -89,15 +102,17 @@ def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings = RUNTIME
     )
     # The runtime's group id is fixed per topic (its retry/DLQ topics exist once); a fresh
     # position per round comes from resetting the committed offsets to the beginning.
-    started = [0.0]
+    started, ended = [0.0], [0.0]
 
     def until(stats: Any) -> bool:
         if stats.fetched and not started[0]:
             started[0] = time.perf_counter()
+        if stats.handled >= n and not ended[0]:
+            ended[0] = time.perf_counter()
         return bool(stats.handled >= n)
 
     worker.run(until=until)
-    elapsed = time.perf_counter() - started[0]
+    elapsed = ended[0] - started[0]
     _reset(bootstrap, group, topic)
     return n / elapsed
 
@@ -110,26 +125,60 @@ def _reset(bootstrap: str, group: str, topic: str) -> None:
     admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, parts)])[group].result()
 
 
-def run(bootstrap: str, n: int = 100_000, rounds: int = 7) -> dict[str, Any]:
+def _row(name: str, baseline: str, base: list[float], ours: list[float], **more: Any) -> dict[str, Any]:
+    pairs = [o / b for o, b in zip(ours, base, strict=True)]
+    return {
+        "name": name,
+        "baseline": baseline,
+        "raw_eps": round(statistics.median(base)),
+        "ours_eps": round(statistics.median(ours)),
+        "ratio": round(statistics.median(ours) / statistics.median(base), 3),
+        "best_ratio": round(max(ours) / max(base), 3),
+        "round_ratios": f"{min(pairs):.3f}..{max(pairs):.3f}",
+        **more,
+    }
+
+
+def run(bootstrap: str, n: int = 100_000, rounds: int = ROUNDS) -> list[dict[str, Any]]:
+    """Medians over interleaved rounds: Worker (defaults, tuned) vs raw, Worker vs faust."""
     n = 3 * n  # a consumer round at ~500k events/s must last long enough to measure
     topic = _prepare(bootstrap, n)
-    raw, ours, four_lanes = [], [], []
-    for _ in range(rounds):
-        raw.append(_raw(bootstrap, topic, n))
-        ours.append(_ours(bootstrap, topic, n))
-        four_lanes.append(_ours(bootstrap, topic, n, RUNTIME_4_LANES))
-    raw_eps, ours_eps = max(raw), max(ours)
-    pairs = [o / r for o, r in zip(ours, raw, strict=True)]
-    return {
-        "name": "consumer runtime (no-op handler) vs raw confluent-kafka loop",
-        "events": n,
-        "rounds": rounds,
-        "raw_eps": round(raw_eps),
-        "ours_eps": round(ours_eps),
-        "ratio": round(ours_eps / raw_eps, 3),
-        "ratio_4_lanes": round(max(four_lanes) / raw_eps, 3),
-        "median_ratio": round(statistics.median(ours) / statistics.median(raw), 3),
-        # Round by round the two sides swing by tens of percent on a shared 2-core machine;
-        # the medians are the figure, this range shows the noise around it.
-        "round_ratios": f"{min(pairs):.2f}..{max(pairs):.2f}",
+    faust_n = min(n, FAUST_EVENTS)
+    sides: dict[str, Callable[[], float]] = {
+        "raw": lambda: _raw(bootstrap, topic, n),
+        "defaults": lambda: _ours(bootstrap, topic, n, DEFAULTS),
+        "tuned": lambda: _ours(bootstrap, topic, n, TUNED),
+        "faust": lambda: faust_consume(bootstrap, topic, faust_n, PARTITIONS),
     }
+    measured: dict[str, list[float]] = {name: [] for name in sides}
+    for round_no in range(rounds):
+        for name in list(sides) if round_no % 2 == 0 else list(reversed(sides)):
+            measured[name].append(sides[name]())
+    raw, defaults, tuned, faust = (measured[k] for k in ("raw", "defaults", "tuned", "faust"))
+    common = {"events": n, "rounds": rounds, "figure": "median of rounds"}
+    return [
+        _row(
+            "consumer: Worker, defaults (concurrency 8, max_in_flight 64), no-op handler",
+            "raw confluent-kafka poll loop",
+            raw,
+            defaults,
+            **common,
+        ),
+        _row(
+            "consumer: Worker, TUNED (concurrency 1, max_in_flight 2000), no-op handler",
+            "raw confluent-kafka poll loop",
+            raw,
+            tuned,
+            **common,
+        ),
+        _row(
+            "consumer: Worker, defaults, vs a peer",
+            "faust-streaming agent (same no-op)",
+            faust,
+            defaults,
+            target=None,  # a comparison: the issue sets no number
+            faust_vs_raw=round(statistics.median(faust) / statistics.median(raw), 4),
+            faust_events=faust_n,
+            **common,
+        ),
+    ]
