@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--events", type=int, default=100_000, help="events per run (default 100000)")
     parser.add_argument("--only", action="append", help="run only benchmarks whose module name contains this")
     parser.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    parser.add_argument("--json-out", type=Path, help="also write the rows as JSON to this file")
     parser.add_argument("--min-ratio", type=float, help="exit 1 when a ratio vs a raw baseline is below this")
     args = parser.parse_args(argv)
     selected = [m for m in BENCHMARKS if not args.only or any(o in m for o in args.only)]
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     with _bootstrap() as bootstrap:
         for name in selected:
             results.extend(_rows(importlib.import_module(name).run(bootstrap, args.events)))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
     if args.json:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
     else:

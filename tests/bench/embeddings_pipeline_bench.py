@@ -2,7 +2,9 @@
 
 The pipeline: plain-text documents published to Kafka, the embeddings stage on the consumer
 runtime (decode, blob store read, chunking, embedding, result object, doc.embedded
-acknowledged, offsets). The bare loop: chunk and embed the same texts, nothing else.
+acknowledged, offsets) on `RuntimeSettings()`, the defaults `docstream worker embeddings` runs
+with (concurrency 8, max_in_flight 64). The bare loop: chunk and embed the same texts, nothing
+else. The figure is each side's median over alternating rounds (the best rounds beside it).
 """
 
 from __future__ import annotations
@@ -52,14 +54,17 @@ def run(bootstrap: str, n: int) -> dict[str, Any]:
     raw, ours = [], []
     for _ in range(ROUNDS):
         raw.append(chunks / bare())
-        ours.append(chunks / timed_pipeline(bootstrap, documents, handler, RuntimeSettings(concurrency=1)))
+        ours.append(chunks / timed_pipeline(bootstrap, documents, handler, RuntimeSettings()))
     ratios = [o / r for o, r in zip(ours, raw, strict=True)]
     return {
         "name": "embeddings chunks/s: pipeline vs the model in a bare loop",
-        "raw_eps": round(max(raw), 1),
-        "ours_eps": round(max(ours), 1),
-        "ratio": round(max(ours) / max(raw), 3),
-        "median_ratio": round(statistics.median(ratios), 3),
+        "baseline": "the model in a bare loop (chunk + embed)",
+        "raw_eps": round(statistics.median(raw), 1),
+        "ours_eps": round(statistics.median(ours), 1),
+        "ratio": round(statistics.median(ours) / statistics.median(raw), 3),
+        "best_ratio": round(max(ours) / max(raw), 3),
+        "round_ratios": f"{min(ratios):.3f}..{max(ratios):.3f}",
+        "runtime": "defaults (concurrency 8, max_in_flight 64)",
         "documents": DOCUMENTS,
         "chunks": chunks,
         "rounds": ROUNDS,

@@ -197,6 +197,7 @@ def run(bootstrap: str, n: int) -> dict[str, Any]:
     return {
         "name": f"lag model: {GROUPS} groups x {PARTITIONS} partitions at 1 refresh/s "
         "(partition samples per CPU-second)",
+        "baseline": "bare AdminClient lag reads",
         "raw_eps": round(raw_eps),
         "ours_eps": round(ours_eps),
         "ratio": round(ours_eps / raw_eps, 3),
