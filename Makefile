@@ -31,7 +31,8 @@ run: $(STAMP) $(JARS)
 test: $(STAMP) $(JARS)
 	$(BIN)/python -m pytest
 
-## bench: throughput ratios against raw confluent-kafka, measured side by side on one broker.
+## bench: throughput ratios against raw confluent-kafka, the bare models and the peers, side by side on
+## one broker, each with its target (docs/benchmarks.md).
 bench: $(STAMP) $(JARS)
 	$(BIN)/python -m tests.bench
 
