@@ -31,7 +31,7 @@ DEADLINE_S = 200
 STOP_GRACE_S = 20
 
 
-def _child(bootstrap: str, topic: str, n: int, partitions: int, result_path: str) -> None:
+def _child(bootstrap: str, topic: str, n: int, partitions: int, work: str) -> None:
     """The faust worker (in the child): the no-op agent, timed from its first value to its n-th."""
     import faust
 
@@ -41,7 +41,7 @@ def _child(bootstrap: str, topic: str, n: int, partitions: int, result_path: str
         app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
-        datadir=os.path.join(tempfile.gettempdir(), f"{app_id}-data"),
+        datadir=os.path.join(work, "data"),  # inside the parent's temporary directory, removed with it
         web_enabled=False,
         topic_partitions=partitions,
         topic_replication_factor=1,
@@ -58,7 +58,7 @@ def _child(bootstrap: str, topic: str, n: int, partitions: int, result_path: str
             seen[0] += 1
             if seen[0] == n:
                 eps = n / (time.perf_counter() - started[0])
-                Path(result_path).write_text(f"{eps}\n")
+                Path(work, "eps").write_text(f"{eps}\n")
                 os.kill(os.getpid(), signal.SIGTERM)
 
     faust.Worker(app, loglevel="warning").execute_from_commandline()
@@ -68,7 +68,7 @@ def consume(bootstrap: str, topic: str, n: int, partitions: int) -> float:
     """Events/s of the faust agent over the first `n` events of `topic` (from its earliest offsets)."""
     with tempfile.TemporaryDirectory(prefix="docstream-bench-faust-") as work:
         result, log_path = Path(work) / "eps", Path(work) / "faust.log"
-        args = [bootstrap, topic, str(n), str(partitions), str(result)]
+        args = [bootstrap, topic, str(n), str(partitions), work]
         with log_path.open("wb") as log:
             child = subprocess.Popen(
                 [sys.executable, "-m", "tests.bench.faust_agent", *args],
