@@ -5,6 +5,7 @@ side_by_side          each worker in a thread while a wait runs here; one failur
 run_until_caught_up   ... until every group has committed what it reads (and, given a
                       `RollupWait`, until the run's 1-minute windows are in the warehouse)
 RollupWait            the run's windows closed and counted: every document, every completion
+run_until_signalled   `up`: the workers side by side until SIGTERM / SIGINT
 run_autoscaled        `up --autoscale`: the sink here, the stage groups as processes under the
                       local autoscaler (consumers.ops.autoscaler)
 serve_health          GET /healthz of one worker (`docstream worker --health-port`)
@@ -223,6 +224,19 @@ def serve_health(member: Worker, port: int | None) -> Iterator[str | None]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def run_until_signalled(workers: list[Worker], analytics: AnalyticsProcess) -> None:
+    """The workers side by side until SIGTERM / SIGINT (then each stops gracefully), checking
+    the analytics child meanwhile (it raises when the child died)."""
+
+    def until_signalled(stop: threading.Event) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(0.5):
+            analytics.check()
+
+    side_by_side(workers, until_signalled)
 
 
 def run_autoscaled(

@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +36,8 @@ from consumers.pipeline import (
     dead_letter_reasons,
     run_autoscaled,
     run_until_caught_up,
+    run_until_signalled,
     serve_health,
-    side_by_side,
     stage_results,
 )
 from consumers.warehouse.query_server import serve_queries
@@ -127,15 +125,8 @@ def up(
                 + f", {group_id(ANALYTICS, s.group_prefix)} (faust, log {analytics.log_path})"
                 + f"; warehouse {warehouse.url}; lag metrics {exporter.url}/metrics; Ctrl-C stops"
             )
-
-            def until_signalled(stop: threading.Event) -> None:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, lambda *_: stop.set())
-                while not stop.wait(0.5):
-                    analytics.check()
-
             with sink:
-                side_by_side(members, until_signalled)
+                run_until_signalled(members, analytics)
     console.print("up: stopped; offsets committed")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import confluent_kafka as ck
@@ -96,14 +96,21 @@ def read_topic(connection: Mapping[str, Any], topic: str, name: str = "reader") 
     that joins no group and commits nothing)."""
     consumer = clients.consumer(reader_config(connection, name))
     try:
-        with translated(f"cannot read the offsets of {topic}", retriable=True):
+        with translated(f"cannot read the partitions of {topic}", retriable=True):
             metadata = consumer.list_topics(topic, timeout=10).topics[topic]
             if metadata.error is not None:
                 raise ck.KafkaException(metadata.error)
-            ranges = {
-                (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                for p in sorted(metadata.partitions)
-            }
-        return list(read_ranges(consumer, ranges))
+        return list(read_ranges(consumer, watermarks(consumer, topic, sorted(metadata.partitions))))
     finally:
         consumer.close()
+
+
+def watermarks(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[TP, tuple[int, int]]:
+    """(low, high) of each partition of `topic` now, from the broker (not the client's cache)."""
+    ends: dict[TP, tuple[int, int]] = {}
+    for p in partitions:
+        with translated(f"cannot read the offsets of {topic}[{p}]", retriable=True):
+            ends[(topic, p)] = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=10, cached=False
+            )
+    return ends

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from consumers.ops.dlq.entries import DeadLetter, Ref, redriven_sources
 from consumers.runtime import headers as hdr
 from docstream.errors import ConfigurationError
 from docstream.kafka import clients
 from docstream.kafka.errors import translate
-from docstream.kafka.ranges import read_ranges, reader_config
+from docstream.kafka.ranges import read_ranges, reader_config, watermarks
 from docstream.topology import dead_letter_topic, retry_topic
 
 Progress = Callable[[str, int, int], None]  # (topic, records read, records to read)
@@ -96,13 +96,8 @@ def read_spans(
     consumer: Any, topic: str, partitions: int, progress: Progress | None = None
 ) -> tuple[list[PartitionSpan], Iterator[Any]]:
     """The spans to read (watermarks now), and an iterator over their records in them."""
-    spans = []
-    for p in range(partitions):
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-        except KafkaException as exc:
-            raise translate(exc, f"cannot read the offsets of {topic}[{p}]", retriable=True) from exc
-        spans.append(PartitionSpan(p, low, high))
+    ends = watermarks(consumer, topic, range(partitions))
+    spans = [PartitionSpan(p, low, high) for (_, p), (low, high) in ends.items()]
     return spans, _records(consumer, topic, spans, progress)
 
 
