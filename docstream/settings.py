@@ -36,7 +36,9 @@ class RuntimeSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     concurrency: int = Field(default=8, ge=1, description="handler threads per worker process")
-    max_in_flight: int = Field(default=64, ge=1, description="events held per process, queued or running")
+    max_in_flight: int = Field(
+        default=1000, ge=1, description="events held per process, queued or running (the scheduling window)"
+    )
     max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
     session_timeout_ms: int = Field(default=45_000, ge=6_000)
     commit_interval_ms: int = Field(default=2_000, ge=100)

@@ -4,9 +4,11 @@ loop.py      the consume loop, wiring over the parts below: poll -> admit -> set
              control; rebalances, retry gates on assignment, commit on revoke and shutdown
 partitions.py  the two consumers as one assignment: rebalances, retry gates, pauses, store, commit
 clients.py   the Kafka client calls the loop makes (Protocols) and the default factories
-lanes.py     key-ordered concurrency: one handler thread per lane, parked keys
-handoff.py   what the loop and the lanes hand each other, typed: Chunk, Revoke, Rehandle and
-             LaneReport into and out of a lane; LaneDone, Acked, Rerouted on the settle queue
+lanes.py     key-ordered concurrency: the handler threads, taking scheduled work
+schedule.py  keys scheduled, not hashed: what a free thread may take next; parked keys,
+             delayed retries (pure)
+handoff.py   what the lanes and the producer's callbacks hand the loop, typed: LaneReport;
+             LaneDone, Acked, Rerouted on the settle queue
 offsets.py   segments in flight per partition, holes, the offset to store (pure)
 gates.py     retry gates: a source partition waits until its retry partition is read (pure)
 flow.py      flow control: fetch room, when to pause and resume (pure)
@@ -16,7 +18,7 @@ routing.py   the retry and dead-letter records of a failed message (pure)
 headers.py   retry / dead-letter header names and their encoding
 stats.py     RunStats and WorkerHealth, what a worker reports
 
-Imports run one way: offsets <- message <- handoff, clients <- lanes <- loop, and
+Imports run one way: offsets <- message <- handoff, schedule, clients <- lanes <- loop, and
 gates, flow, clients <- partitions <- loop (no cycle).
 """
 

@@ -1,13 +1,9 @@
-"""What the loop and the lanes hand each other, typed. Pure data.
+"""What the lanes and the producer's callbacks hand the loop, typed. Pure data.
 
-Into a lane (`LaneItem`, through its inbox or a direct `Lane.process` call):
-    Chunk      events of one poll for this lane, each with its segment
-    Revoke     a rebalance took partitions away: drop their events, stop waiting on moved retries
-    Rehandle   a failed event whose retry / dead-letter record could not be produced: run it again
-    STOP       (lane threads only) leave `Lane.run`
+(Events go to the lanes through their key schedule: consumers.runtime.lanes, schedule.)
 
 Into the loop's settle queue (`Settlement`, from lane threads and the producer's callbacks):
-    LaneDone   a lane's report of one `process` call
+    LaneDone   a handler thread's report of one unit of work (`LaneReport`)
     Acked      a result event of a held event was acknowledged (or failed, or a deferred
                completion came back)
     Rerouted   the retry / dead-letter record of a failed event was acknowledged (or failed)
@@ -16,61 +12,25 @@ Into the loop's settle queue (`Settlement`, from lane threads and the producer's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
 
 import confluent_kafka
 
-from consumers.runtime.message import Event, Message
+from consumers.runtime.message import Event
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 
-# -- into a lane -------------------------------------------------------------------------------
-
-
-@dataclass
-class Chunk:
-    """Events for one lane from one poll: the messages, each one's segment, and their source."""
-
-    messages: list[Message] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
-    via_retry: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Revoke:
-    """Partitions were revoked (their segments are marked); `retry_partitions`: the numbers of the
-    retry partitions handed back with them, whose parked keys stop waiting."""
-
-    retry_partitions: frozenset[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Rehandle:
-    """Handle `event` again now: its retry / dead-letter record was not stored."""
-
-    event: Event
-
-
-class Stop:
-    """The lane thread's signal to return (`STOP`)."""
-
-    __slots__ = ()
-
-
-STOP: Final = Stop()
-
-LaneItem = Chunk | Revoke | Rehandle
+# -- out of a lane ------------------------------------------------------------------------
 
 
 @dataclass
 class LaneReport:
-    """What one `Lane.process` call did."""
+    """What a handler thread did with one unit of work (consumers.runtime.schedule.Unit)."""
 
     settled: dict[Segment, int] = field(default_factory=dict)  # handled, no result events
     awaiting_acks: list[Event] = field(default_factory=list)  # handled, result events in flight
     skipped: list[Event] = field(default_factory=list)  # of revoked partitions, not handled
     handled: int = 0
-    answers: bool = True  # False: the lane woke up for a delayed retry; nothing was handed to it
+    unit: int = -1  # the number of the unit reported on
 
 
 # -- into the loop's settle queue ------------------------------------------------------------

@@ -1,42 +1,42 @@
-"""Key-ordered concurrency: lanes, and the parking of keys whose event is being retried.
+"""Key-ordered concurrency: the handler threads, taking scheduled work.
 
-Every event goes to lane `hash(key) % concurrency`; a lane handles its events one after
-another, so the events of one key keep their order while different keys run in parallel in
-other lanes, however many partitions there are. Each lane is one handler thread.
+`concurrency` handler threads share one `KeySchedule` (consumers.runtime.schedule) under one
+lock: the loop admits the events it fetched, and any free thread takes the next events whose
+keys have nothing in flight, runs them in order, and hands back what it did (a `LaneReport`,
+through the loop's settle queue) as it takes its next share. A key belongs to a thread only
+while the thread runs its events; events of one key keep their order, different keys run in
+parallel, however many partitions there are. With `concurrency` 1 the loop's own thread runs
+the events (a thread hand-off would cost more than a fast handler's work).
 
-A key is *parked* in its lane when its event went to the retry topic: the key's later events
-wait in the lane (other keys go on) until the retried event comes back from the retry topic
-and is handled, or is dead-lettered. A key waits for each of its retried events by origin
-(topic, partition, offset): another record of the key on the retry topic, such as a dead letter
-redriven by `docstream dlq redrive`, does not release it early. Retried events wait for their
-not-before time in a heap, without holding up the lane either.
+A key is *parked* when its event went to the retry topic: its later events wait (other keys go
+on) until the retried event comes back from the retry topic and is handled, or is dead-lettered
+(consumers.runtime.schedule). A thread that parks a key sets the key's later events in its share
+aside; they wait behind the retry.
 
-`Lane.process` is the lane's logic, callable directly (the unit tests do); `Lane.run` is the
-thread body around it. Handlers get the client's message as it is and a `LaneContext`; an
-`Event` is made only for the few messages a lane has to hold on to.
+Handlers get the client's message as it is and a `LaneContext`; an `Event` is made only for
+the few messages the runtime has to hold on to.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import queue
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from functools import partial
-from itertools import repeat
 from typing import Any
 
 import confluent_kafka
 
 from consumers.runtime import headers as hdr
 from consumers.runtime.clients import ProducerClient
-from consumers.runtime.handoff import AckError, Chunk, LaneItem, LaneReport, Revoke, Stop
+from consumers.runtime.handoff import AckError, LaneReport
 from consumers.runtime.message import Decoder, Event, Handler, Message, OrderingKey
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
+from consumers.runtime.schedule import MAX_UNIT_S, Block, Item, KeySchedule, SegmentRun, Unit
 
-__all__ = ["Chunk", "Lane", "LaneContext", "LaneReport", "Reroute", "Segment"]  # Segment: older imports
+__all__ = ["LaneContext", "LaneReport", "Lanes", "Reroute", "Segment"]  # Segment: older imports
 
 
 OnAck = Callable[[Event, AckError, confluent_kafka.Message | None], None]
@@ -107,173 +107,233 @@ def _deferred_done(on_ack: OnAck, event: Event, error: BaseException | None = No
 Reroute = Callable[[Event, BaseException, str], Route]  # produce retry / DLQ record, say which
 
 
-class Lane:
-    """One handler thread's events, in order per key, with parked keys set aside."""
+class Lanes:
+    """`concurrency` handler threads over one key schedule.
+
+    The loop calls `admit`, `admit_retried`, `due`, `rehandle`, `revoke` and `reported`; with
+    one lane it runs the ready work itself (`run_inline`). `report` gets each unit's
+    `LaneReport`, from the thread that ran it.
+    """
 
     def __init__(
         self,
+        concurrency: int,
         handler: Handler,
         decoder: Decoder | None,
-        context: LaneContext,
+        context: Callable[[], LaneContext],
         reroute: Reroute,
         parks_retries: Callable[[Event], bool],
-        clock_ms: Callable[[], int],
         report: Callable[[LaneReport], None],
+        name: str = "lane",
     ) -> None:
-        self.inbox: queue.SimpleQueue[LaneItem | Stop] = queue.SimpleQueue()
-        self._handler, self._decoder, self._context = handler, decoder, context
-        self._reroute, self._parks_retries = reroute, parks_retries
-        self._clock_ms, self._report = clock_ms, report
-        self._waiting: dict[OrderingKey, list[Event]] = {}  # parked key -> its events behind the retry
-        self._parked_on: dict[OrderingKey, int | None] = {}  # parked key -> the retry partition it waits on
-        self._pending: dict[OrderingKey, set[tuple[str, int, int]]] = {}  # parked key -> retries' origins
-        self._delayed: list[tuple[int, int, Event]] = []  # (not_before_ms, seq, retried event)
-        self._seq = itertools.count()
+        self._schedule = KeySchedule(concurrency)
+        self._cond = threading.Condition()
+        self._handler, self._decoder = handler, decoder
+        self._reroute, self._parks_retries, self._report = reroute, parks_retries, report
+        self._unreported: set[int] = set()  # units taken whose report the loop has not settled yet
+        self._taken = 0  # units taken so far: the next one's number
+        self._stopping = False
+        self.inline = concurrency == 1
+        self._context = context() if self.inline else None
+        self._threads = [
+            threading.Thread(target=self._thread, args=(context(),), name=f"{name}-{i}", daemon=True)
+            for i in range(0 if self.inline else concurrency)
+        ]
 
-    def run(self) -> None:
-        """Thread body: take chunks from the inbox until STOP; wake up for due retries."""
-        while True:
-            timeout = None
-            if self._delayed:
-                timeout = max(0.0, (self._delayed[0][0] - self._clock_ms()) / 1000)
-            try:
-                item = self.inbox.get(timeout=timeout)
-            except queue.Empty:  # a delayed retry came due: a report that answers no hand-over
-                report = self.process(Chunk())
-                report.answers = False
-                self._report(report)
-                continue
-            if isinstance(item, Stop):
-                return
-            self._report(self.process(item))
+    # -- the loop's side ----------------------------------------------------------------------
 
-    def process(self, item: LaneItem) -> LaneReport:
-        """Handle a chunk of events (or a notice), then any retries that came due.
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
 
-        Notices (consumers.runtime.handoff): `Revoke` after a rebalance took partitions away;
-        `Rehandle` when a failed event's retry record could not be produced.
-        """
-        report = LaneReport()
-        if isinstance(item, Chunk):
-            self._run(item, report)
-        elif isinstance(item, Revoke):
-            self._forget(item.retry_partitions, report)
-        else:
-            self._rehandle(item.event, report)
-        now = self._clock_ms()
-        while self._delayed and self._delayed[0][0] <= now:
-            self._handle_event(heapq.heappop(self._delayed)[2], report)
-        return report
+    def admit(self, runs: list[SegmentRun], keys: list[bytes | None]) -> None:
+        """Fresh events of one poll: runs of a segment, and their keys in order."""
+        with self._cond:
+            self._schedule.admit(runs, keys)
+            self._cond.notify()
+
+    def admit_retried(self, events: list[Event], now_ms: int) -> None:
+        with self._cond:
+            self._schedule.admit_retried(events, now_ms)
+            self._cond.notify()
+
+    def due(self, now_ms: int) -> None:
+        """Retried events whose time has come are made ready."""
+        due = self._schedule.next_due_ms()  # read unlocked: only the loop's thread adds to the heap
+        if due is not None and due <= now_ms:
+            with self._cond:
+                self._schedule.due(now_ms)
+                self._cond.notify()
+
+    def rehandle(self, event: Event) -> None:
+        with self._cond:
+            self._schedule.rehandle(event)
+            self._cond.notify()
+
+    def revoke(self, retry_partitions: frozenset[int]) -> tuple[list[Event], frozenset[int]]:
+        """Drop waiting events of revoked segments (returned: skipped); release keys parked on
+        retry partitions that moved. Also returned: the units running now, which may be running
+        events of revoked partitions (`reported_all` says when they are done). Events of revoked
+        partitions in units taken later are skipped."""
+        with self._cond:
+            skipped = self._schedule.revoke(retry_partitions)
+            self._cond.notify()
+            return skipped, frozenset(self._unreported)
+
+    def reported(self, unit: int) -> None:
+        """The loop settled the report of unit number `unit`."""
+        with self._cond:
+            self._unreported.discard(unit)
+
+    def reported_all(self, units: frozenset[int]) -> bool:
+        with self._cond:
+            return self._unreported.isdisjoint(units)
 
     @property
-    def has_delayed(self) -> bool:
-        return bool(self._delayed)
+    def idle(self) -> bool:
+        """Nothing ready, nothing running, every report settled."""
+        with self._cond:
+            return not self._schedule.ready and not self._unreported
 
     @property
     def parked_keys(self) -> set[OrderingKey]:
-        return set(self._waiting)
+        with self._cond:
+            return self._schedule.parked_keys
 
-    def _run(self, chunk: Chunk, report: LaneReport) -> None:
-        if chunk.via_retry:
-            for raw, segment in zip(chunk.messages, chunk.segments, strict=True):
-                self._offer(Event(raw, segment, True), report)
-        else:
-            self._handle(zip(chunk.messages, chunk.segments, repeat(None)), False, report)
-
-    def _offer(self, event: Event, report: LaneReport) -> None:
-        key = event.ordering_key
-        if event.via_retry:
-            due = event.not_before_ms()
-            if due > self._clock_ms():
-                heapq.heappush(self._delayed, (due, next(self._seq), event))
-                self._park(key, event.raw.partition(), event.origin[:3])  # later events wait for it
+    def run_inline(self) -> None:
+        """One lane: run what is ready in the loop's thread (reports go straight to `report`), for
+        MAX_UNIT_S at most: the loop polls between (the next turn goes on)."""
+        assert self._context is not None
+        deadline = time.perf_counter() + MAX_UNIT_S
+        while True:
+            with self._cond:
+                unit = self._schedule.take(everything=True)
+                if unit is None:
+                    return
+                self._number(unit)
+            report = self.process(unit, self._context)
+            with self._cond:
+                self._schedule.finish(unit)
+            self._report(report)
+            if time.perf_counter() > deadline:
                 return
-        elif key in self._waiting:
-            self._waiting[key].append(event)
-            return
-        self._handle_event(event, report)
 
-    def _handle(
-        self, items: Iterable[tuple[Message, Segment, Event | None]], via_retry: bool, report: LaneReport
+    def stop(self, timeout_s: float) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=timeout_s)
+
+    # -- a handler thread -----------------------------------------------------------------------
+
+    def _thread(self, ctx: LaneContext) -> None:
+        cond, schedule = self._cond, self._schedule
+        unit: Unit | None = None
+        while True:
+            report = self.process(unit, ctx) if unit is not None else None
+            with cond:
+                if unit is not None:
+                    schedule.finish(unit)
+                unit = self._take()
+            if report is not None:
+                self._report(report)  # after finish: the keys it freed are free when the loop reads it
+            if unit is None:
+                with cond:
+                    while (unit := self._take()) is None and not self._stopping:
+                        cond.wait()
+                if unit is None:
+                    return
+
+    def _take(self) -> Unit | None:
+        """(Under the lock.) This thread's next share, if any is ready; wakes another thread
+        when more is."""
+        unit = self._schedule.take()
+        if unit is not None:
+            self._number(unit)
+            if self._schedule.ready:
+                self._cond.notify()
+        return unit
+
+    def _number(self, unit: Unit) -> None:
+        """(Under the lock.) Number a unit just taken; its report is due."""
+        unit.number = self._taken
+        self._taken += 1
+        self._unreported.add(unit.number)
+
+    def process(self, unit: Unit, ctx: LaneContext) -> LaneReport:
+        """Run a unit's events, in order per key; note its parks and releases in it."""
+        report = LaneReport(unit=unit.number)
+        started = time.perf_counter()
+        for part in unit.parts:
+            if isinstance(part, Block):
+                for segment, messages in part.runs:
+                    self._handle_run(segment, messages, unit, ctx, report)
+            else:
+                self._handle(part.items, unit, ctx, report)
+        unit.elapsed_s = time.perf_counter() - started
+        return report
+
+    def _handle_run(
+        self,
+        segment: Segment,
+        messages: list[Message],
+        unit: Unit,
+        ctx: LaneContext,
+        report: LaneReport,
+        event: Event | None = None,
     ) -> None:
-        """The hot path: each message to the decoder and handler, in order; tallies per segment.
+        """The hot path: events of one segment to the decoder and handler, in order; or one
+        message the runtime holds on to (`event`: retried, rehandled or set aside before).
 
-        A fresh message (no `Event` yet) of a parked key is set aside behind its retry instead.
+        A fresh event of a key parked in this unit is set aside behind its retry instead; a
+        retried event handled releases its key.
         """
-        ctx, decoder, handler, waiting = self._context, self._decoder, self._handler, self._waiting
-        settled = report.settled
-        ctx.via_retry = via_retry
-        for raw, segment, event in items:
+        decoder, handler, set_aside = self._decoder, self._handler, unit.set_aside
+        via_retry = event is not None and event.via_retry
+        ctx.segment, ctx.event, ctx.record, ctx.via_retry = segment, event, None, via_retry
+        handled = settled = 0
+        for raw in messages:
             if segment.revoked:
-                report.skipped.append(event or Event(raw, segment, via_retry))  # the new owner reads it
+                report.skipped.append(event or Event(raw, segment, False))  # the new owner reads it
                 continue
-            if waiting and event is None and (key := raw.key()) is not None and key in waiting:
-                waiting[key].append(Event(raw, segment, via_retry))  # keyless: behind no other event
+            if set_aside and not via_retry and (key := raw.key()) is not None and key in set_aside:
+                set_aside[key].append((raw, segment, event))  # keyless: behind no other event
                 continue
-            ctx.raw, ctx.segment, ctx.event, ctx.record = raw, segment, event, None
+            ctx.raw = raw
             try:
                 if decoder is not None:
                     ctx.record = decoder(raw, ctx)
                 handler(raw, ctx)
             except Exception as exc:  # every failure is data: it goes to retry or DLQ
-                self._failed(ctx.held(), exc, traceback.format_exc(), report)
+                self._failed(ctx.held(), exc, traceback.format_exc(), unit)
+                ctx.event = None
                 continue
-            report.handled += 1
+            handled += 1
             held = ctx.event
-            if held is not None and held.emitted:
+            if held is None:
+                settled += 1
+                continue
+            ctx.event = None
+            if held.emitted:
                 report.awaiting_acks.append(held)
             else:
-                settled[segment] = settled.get(segment, 0) + 1
+                settled += 1
             if via_retry:
-                held = ctx.held()
-                self._release(held.ordering_key, report, held.origin[:3])
+                unit.changes.append((held.ordering_key, held.origin[:3], None, False))
+        report.handled += handled
+        if settled:
+            report.settled[segment] = report.settled.get(segment, 0) + settled
 
-    def _handle_event(self, event: Event, report: LaneReport) -> None:
-        self._handle(((event.raw, event.segment, event),), event.via_retry, report)
+    def _handle(self, items: Iterable[Item], unit: Unit, ctx: LaneContext, report: LaneReport) -> None:
+        """A run's events (retried, rehandled, waiting behind their key), in order."""
+        for raw, segment, event in items:
+            self._handle_run(segment, [raw], unit, ctx, report, event)
 
-    def _failed(self, event: Event, error: BaseException, trace: str, report: LaneReport) -> None:
-        key = event.ordering_key
+    def _failed(self, event: Event, error: BaseException, trace: str, unit: Unit) -> None:
+        key, origin = event.ordering_key, event.origin
         if self._reroute(event, error, trace) is Route.RETRY and self._parks_retries(event):
-            self._park(key, event.origin[1], event.origin[:3])
+            unit.changes.append((key, origin[:3], origin[1], True))
+            unit.set_aside.setdefault(key, [])
         elif event.via_retry:
-            self._release(key, report, event.origin[:3])
-
-    def _park(self, key: OrderingKey, retry_partition: int | None, origin: tuple[str, int, int]) -> None:
-        self._waiting.setdefault(key, [])
-        self._parked_on[key] = retry_partition
-        self._pending.setdefault(key, set()).add(origin)
-
-    def _release(
-        self, key: OrderingKey, report: LaneReport, origin: tuple[str, int, int] | None = None
-    ) -> None:
-        """The retried event `origin` of `key` is done (None: every one): once none is pending,
-        the key's waiting events run, in order."""
-        pending = self._pending.get(key)
-        if pending is not None and origin is not None:
-            pending.discard(origin)
-            if pending:
-                return  # another retried event of the key is still out
-        self._pending.pop(key, None)
-        self._parked_on.pop(key, None)
-        for event in self._waiting.pop(key, ()):
-            self._offer(event, report)
-
-    def _rehandle(self, event: Event, report: LaneReport) -> None:
-        key = event.ordering_key
-        waiting = self._waiting.pop(key, [])
-        self._parked_on.pop(key, None)
-        self._pending.pop(key, None)
-        self._handle_event(event, report)
-        for later in waiting:
-            self._offer(later, report)
-
-    def _forget(self, retry_partitions: frozenset[int], report: LaneReport) -> None:
-        """A revoke: drop events of revoked partitions; stop waiting for retries that moved."""
-        report.skipped += [d[2] for d in self._delayed if d[2].segment.revoked]
-        self._delayed = [d for d in self._delayed if not d[2].segment.revoked]
-        heapq.heapify(self._delayed)
-        for key, waiting in list(self._waiting.items()):
-            report.skipped += [m for m in waiting if m.segment.revoked]
-            waiting[:] = [m for m in waiting if not m.segment.revoked]
-            if self._parked_on.get(key) in retry_partitions:
-                self._release(key, report)
+            unit.changes.append((key, origin[:3], None, False))

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
+from typing import cast
 
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
@@ -61,26 +62,15 @@ from consumers.runtime.clients import (
     kafka_producer,
 )
 from consumers.runtime.flow import Change, Flow
-from consumers.runtime.handoff import (
-    STOP,
-    Acked,
-    AckError,
-    Chunk,
-    LaneDone,
-    LaneItem,
-    LaneReport,
-    Rehandle,
-    Rerouted,
-    Revoke,
-    Settlement,
-)
-from consumers.runtime.lanes import Lane, LaneContext
+from consumers.runtime.handoff import Acked, AckError, LaneDone, LaneReport, Rerouted, Settlement
+from consumers.runtime.lanes import LaneContext, Lanes
 from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.offsets import SEGMENT_EVENTS as FULL
 from consumers.runtime.offsets import TP, Offsets, Segment
 from consumers.runtime.partitions import Partitions
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
+from consumers.runtime.schedule import SegmentRun
 from consumers.runtime.stats import RunStats, WorkerHealth
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka import config as kafka_config
@@ -133,29 +123,20 @@ class Worker:
         producer = kafka_config.producer_config(dict(connection), **{"linger.ms": 1})
         self._producer = producer_factory(kafka_config.watched(producer, self._watch))
         self._done: queue.SimpleQueue[Settlement] = queue.SimpleQueue()
-        self._lanes = [
-            Lane(
-                handler,
-                decoder,
-                LaneContext(self._producer, self._on_ack),
-                self._reroute,
-                self._parks_retries,
-                self._now_ms,
-                lambda report: self._done.put(LaneDone(report)),
-            )
-            for _ in range(runtime.concurrency)
-        ]
-        # One lane runs in the loop's own thread: a thread hand-off per chunk would cost more
+        # With one lane the loop's own thread runs the handlers: a thread hand-off would cost more
         # than the handling of a fast handler (docs/tuning.md: max.poll.interval then bounds it).
-        self._inline = runtime.concurrency == 1
-        self._threads = [
-            threading.Thread(target=lane.run, name=f"{group_id}-lane-{i}", daemon=True)
-            for i, lane in enumerate(self._lanes)
-            if not self._inline
-        ]
+        self._lanes = Lanes(
+            runtime.concurrency,
+            handler,
+            decoder,
+            lambda: LaneContext(self._producer, self._on_ack),
+            self._reroute,
+            self._parks_retries,
+            self._settle_lane if runtime.concurrency == 1 else lambda r: self._done.put(LaneDone(r)),
+            name=f"{group_id}-lane",
+        )
         self._offsets = Offsets()  # segments in flight per partition, offsets to store
         self._flow = Flow(runtime.max_in_flight)
-        self._outstanding = 0  # chunks and notices handed to lanes, not yet reported back
         self._callback_failure: Exception | None = None  # raised by a rebalance callback (_guarded)
         self._closing = False
         self._stop = threading.Event()
@@ -175,8 +156,7 @@ class Worker:
 
     def run(self, until: Callable[[RunStats], bool] | None = None) -> RunStats:
         """Consume until `stop()` (or SIGTERM/SIGINT via `install_signal_handlers`) or `until`."""
-        for thread in self._threads:
-            thread.start()
+        self._lanes.start()
         self._consumer.subscribe(
             self.topics,
             on_assign=self._guarded(self._on_assign),
@@ -186,7 +166,7 @@ class Worker:
         try:
             while not self._stop.is_set() and not (until and until(self.stats)):
                 retried, fresh = self._poll()  # 1. fetch no more than the window has room for
-                self._admit(retried, via_retry=True)  # 2. into the lanes, by key
+                self._admit(retried, via_retry=True)  # 2. into the lanes' key schedule
                 self._admit(fresh, via_retry=False)
                 self._settle(block=not (retried or fresh))  # 3. lane reports, acks -> store offsets
                 self._flow_control()  # 4. pause / resume
@@ -235,7 +215,7 @@ class Worker:
                 self._rewind(raw, via_retry=False)  # fetched before the pause took effect
             self._raise_callback_failure()
             return [], []
-        timeout = 0.0 if self._outstanding else 0.1
+        timeout = 0.1 if self._lanes.idle else 0.0
         try:
             # Called with no retry partition too: it serves the client's logs and errors.
             retried = self._retries.consume(room, 0)
@@ -255,43 +235,51 @@ class Worker:
     # -- 2. admit -------------------------------------------------------------------------
 
     def _admit(self, messages: Sequence[Consumed], via_retry: bool) -> None:
-        """Cut the batch into segments per partition and hand each event to its key's lane."""
-        lanes = len(self._lanes)
-        chunks = [Chunk(via_retry=via_retry) for _ in range(lanes)]
+        """Cut the batch into runs of a segment per partition and hand it to the lanes' schedule."""
         segments: dict[TP, Segment] = {}
+        runs: list[tuple[Segment, list[Consumed]]] = []
+        keys: list[bytes | None] = []
+        one_topic = via_retry or len(self.topics) == 1  # a run then ends only where its partition does
         segment: Segment | None = None
-        run_partition, run_topic, admitted, first_chunk = -1, "", 0, chunks[0]
+        run: list[Consumed] = []
+        run_partition, run_topic, room = -1, "", 0
         for raw in messages:
             error = raw.error()
             if error is not None and self._skip(error):
                 continue
-            partition, topic = raw.partition(), raw.topic()
             # A client returns runs of one partition: look the segment up only when a run ends.
-            if partition != run_partition or topic != run_topic or segment is None or segment.pending >= FULL:
+            partition = raw.partition()
+            if partition != run_partition or not room or (not one_topic and raw.topic() != run_topic):
+                if segment is not None:
+                    segment.pending += len(run)
+                    segment.last = run[-1].offset()
+                topic = raw.topic()
                 segment = self._segment(segments, (topic, partition))
                 if segment is None:  # fetched just before a revoke: not ours now
                     self._rewind(raw, via_retry)
                     run_partition = -1
                     continue
-                run_partition, run_topic = partition, topic
-            segment.pending += 1
-            segment.last = offset = raw.offset()
-            if lanes == 1:
-                chunk = first_chunk
-            else:
-                key = raw.key()
-                chunk = chunks[(offset if key is None else hash(key)) % lanes]
-            chunk.messages.append(raw)
-            chunk.segments.append(segment)
-            admitted += 1
-        self._offsets.admitted(admitted)
-        self.stats.fetched += admitted
+                run = []
+                runs.append((segment, run))
+                run_partition, run_topic, room = partition, topic, FULL - segment.pending
+            run.append(raw)
+            keys.append(raw.key())
+            room -= 1
+        if segment is None:
+            return
+        segment.pending += len(run)
+        segment.last = run[-1].offset()
+        self._offsets.admitted(len(keys))
+        self.stats.fetched += len(keys)
         if via_retry:
             for (_, number), last in segments.items():
                 self._partitions.retries_read(number, last.last + 1)
-        for lane, chunk in zip(self._lanes, chunks, strict=True):
-            if chunk.messages:
-                self._hand(lane, chunk)
+            events = [Event(raw, seg, True) for seg, messages in runs for raw in messages]
+            self._lanes.admit_retried(events, self._now_ms())
+        else:
+            self._lanes.admit(cast(list[SegmentRun], runs), keys)
+        if self._lanes.inline:
+            self._lanes.run_inline()
 
     def _segment(self, segments: dict[TP, Segment], tp: TP) -> Segment | None:
         """The open segment of `tp` in this batch, or a new one; None when `tp` is not assigned."""
@@ -302,14 +290,6 @@ class Worker:
             segment = segments[tp] = self._offsets.open(tp)
         return segment
 
-    def _hand(self, lane: Lane, item: LaneItem) -> None:
-        """Give a lane work: through its inbox, or at once when it runs in this thread."""
-        self._outstanding += 1
-        if self._inline:
-            self._settle_lane(lane.process(item))
-        else:
-            lane.inbox.put(item)
-
     def _rewind(self, raw: Consumed, via_retry: bool) -> None:
         """A message fetched while the window is full is read again later."""
         self._partitions.rewind(raw, via_retry)
@@ -319,9 +299,10 @@ class Worker:
 
     def _settle(self, block: bool) -> None:
         self._producer.poll(0)
-        if self._inline and self._lanes[0].has_delayed:
-            self._hand(self._lanes[0], Chunk())  # retries that came due
-        timeout = 0.05 if block and self._outstanding else 0.0
+        self._lanes.due(self._now_ms())  # retries whose time has come
+        if self._lanes.inline:
+            self._lanes.run_inline()
+        timeout = 0.05 if block and not self._lanes.idle else 0.0
         while True:
             try:
                 item = self._done.get(timeout=timeout) if timeout else self._done.get_nowait()
@@ -337,19 +318,17 @@ class Worker:
         self._store_offsets()
 
     def _settle_lane(self, report: LaneReport) -> None:
-        # A lane thread also reports when it wakes up for a delayed retry (Lane.run): that report
-        # answers nothing handed to it. Counted, it left `_outstanding` below zero for good (no
-        # blocking consume, every _drain waiting out shutdown_timeout_s: an idle worker took 30 s
-        # to stop after a few retries).
-        if report.answers:
-            self._outstanding -= 1
+        self._lanes.reported(report.unit)
         self.stats.handled += report.handled
         for segment, count in report.settled.items():
             self._offsets.settle(segment, count)
         for event in report.awaiting_acks:
             event.handled = True
             self._maybe_finish(event)
-        for event in report.skipped:
+        self._skipped(report.skipped)
+
+    def _skipped(self, events: list[Event]) -> None:
+        for event in events:
             offset = event.raw.offset()
             assert offset is not None  # a consumed message's
             self._offsets.skip(event.segment, offset)
@@ -383,7 +362,7 @@ class Worker:
             return
         # The retry / dead-letter record was not stored: handle the message again instead.
         message.emitted, message.acked, message.failure, message.handled = 0, 0, None, False
-        self._hand(self._lanes[hash(message.ordering_key) % len(self._lanes)], Rehandle(message))
+        self._lanes.rehandle(message)
 
     def _store_offsets(self) -> None:
         stores = self._offsets.take_stores()
@@ -498,19 +477,18 @@ class Worker:
         self._partitions.unassign(revoked, numbers)
 
     def _revoke(self, revoked: set[TP], retry_numbers: set[int]) -> None:
-        """Mark events of `revoked` to be skipped, tell every lane, wait until all report back."""
+        """Mark events of `revoked` to be skipped, drop those that wait, let running ones finish."""
         self._offsets.revoke(revoked)
-        notice = Revoke(frozenset(retry_numbers))
-        for lane in self._lanes:
-            self._hand(lane, notice)
-        self._drain()
+        skipped, running = self._lanes.revoke(frozenset(retry_numbers))
+        self._skipped(skipped)
+        self._drain(lambda: self._lanes.reported_all(running))
 
     # -- shutdown -------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """Let the lanes finish what they hold and every produced record be acknowledged."""
+    def _drain(self, done: Callable[[], bool]) -> None:
+        """Let the units running at a revoke finish and every produced record be acknowledged."""
         deadline = time.monotonic() + self._runtime.shutdown_timeout_s
-        while self._outstanding and time.monotonic() < deadline:
+        while not done() and time.monotonic() < deadline:
             self._settle(block=True)
         self._producer.flush(max(0.0, deadline - time.monotonic()))
         self._settle(block=False)
@@ -526,10 +504,7 @@ class Worker:
         self._partitions.pause_all(True)
         self._revoke(set(self.stats.assigned), set())
         self._commit()
-        for lane in self._lanes if self._threads else ():
-            lane.inbox.put(STOP)
-        for thread in self._threads:
-            thread.join(timeout=self._runtime.shutdown_timeout_s)
+        self._lanes.stop(self._runtime.shutdown_timeout_s)
         # close() runs the callbacks still due (Partitions.close): they find `_closing` set.
         self._closing = True
         self._partitions.close()
