@@ -19,6 +19,7 @@ the few messages the runtime has to hold on to.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import traceback
@@ -108,11 +109,14 @@ Reroute = Callable[[Event, BaseException, str], Route]  # produce retry / DLQ re
 
 
 class Lanes:
-    """`concurrency` handler threads over one key schedule.
+    """`concurrency` handler threads, fed by the loop from one key schedule.
 
-    The loop calls `admit`, `admit_retried`, `due`, `rehandle`, `revoke` and `reported`; with
-    one lane it runs the ready work itself (`run_inline`). `report` gets each unit's
-    `LaneReport`, from the thread that ran it.
+    Only the loop's thread touches the schedule, so it needs no lock: the loop admits events
+    (`admit`, `admit_retried`, `due`, `rehandle`, `revoke`) and hands ready work out
+    (`dispatch`): a unit to each idle thread, through the thread's inbox; or, with one lane or a
+    fast handler, it runs the work itself. A thread runs its unit and sends the `LaneReport` to
+    the loop's settle queue (`report`); the loop then calls `reported`, which frees the unit's
+    keys and hands out more.
     """
 
     def __init__(
@@ -127,17 +131,18 @@ class Lanes:
         name: str = "lane",
     ) -> None:
         self._schedule = KeySchedule(concurrency)
-        self._cond = threading.Condition()
         self._handler, self._decoder = handler, decoder
         self._reroute, self._parks_retries, self._report = reroute, parks_retries, report
-        self._unreported: set[int] = set()  # units taken whose report the loop has not settled yet
+        self._inline = concurrency == 1
+        self._context = context()  # the loop's own, for the work it runs itself
+        threads = 0 if self._inline else concurrency
+        self._inboxes: list[queue.SimpleQueue[Unit | None]] = [queue.SimpleQueue() for _ in range(threads)]
+        self._idle = list(range(threads))  # threads without a unit
+        self._running: dict[int, tuple[Unit, int]] = {}  # unit number -> (unit, its thread)
         self._taken = 0  # units taken so far: the next one's number
-        self._stopping = False
-        self.inline = concurrency == 1
-        self._context = context() if self.inline else None
         self._threads = [
-            threading.Thread(target=self._thread, args=(context(),), name=f"{name}-{i}", daemon=True)
-            for i in range(0 if self.inline else concurrency)
+            threading.Thread(target=self._thread, args=(inbox, context()), name=f"{name}-{i}", daemon=True)
+            for i, inbox in enumerate(self._inboxes)
         ]
 
     # -- the loop's side ----------------------------------------------------------------------
@@ -148,118 +153,88 @@ class Lanes:
 
     def admit(self, runs: list[SegmentRun], keys: list[bytes | None]) -> None:
         """Fresh events of one poll: runs of a segment, and their keys in order."""
-        with self._cond:
-            self._schedule.admit(runs, keys)
-            self._cond.notify()
+        self._schedule.admit(runs, keys)
 
     def admit_retried(self, events: list[Event], now_ms: int) -> None:
-        with self._cond:
-            self._schedule.admit_retried(events, now_ms)
-            self._cond.notify()
+        self._schedule.admit_retried(events, now_ms)
 
     def due(self, now_ms: int) -> None:
         """Retried events whose time has come are made ready."""
-        due = self._schedule.next_due_ms()  # read unlocked: only the loop's thread adds to the heap
-        if due is not None and due <= now_ms:
-            with self._cond:
-                self._schedule.due(now_ms)
-                self._cond.notify()
+        self._schedule.due(now_ms)
 
     def rehandle(self, event: Event) -> None:
-        with self._cond:
-            self._schedule.rehandle(event)
-            self._cond.notify()
+        self._schedule.rehandle(event)
 
     def revoke(self, retry_partitions: frozenset[int]) -> tuple[list[Event], frozenset[int]]:
         """Drop waiting events of revoked segments (returned: skipped); release keys parked on
         retry partitions that moved. Also returned: the units running now, which may be running
         events of revoked partitions (`reported_all` says when they are done). Events of revoked
         partitions in units taken later are skipped."""
-        with self._cond:
-            skipped = self._schedule.revoke(retry_partitions)
-            self._cond.notify()
-            return skipped, frozenset(self._unreported)
+        return self._schedule.revoke(retry_partitions), frozenset(self._running)
 
-    def reported(self, unit: int) -> None:
-        """The loop settled the report of unit number `unit`."""
-        with self._cond:
-            self._unreported.discard(unit)
+    def reported(self, number: int) -> None:
+        """The loop settled the report of unit `number`: free its keys and its thread."""
+        done = self._running.pop(number, None)
+        if done is not None:  # (a unit the loop ran itself was finished at once)
+            unit, thread = done
+            self._schedule.finish(unit)
+            self._idle.append(thread)
+            self._to_threads()
 
     def reported_all(self, units: frozenset[int]) -> bool:
-        with self._cond:
-            return self._unreported.isdisjoint(units)
+        return self._running.keys().isdisjoint(units)
 
     @property
     def idle(self) -> bool:
-        """Nothing ready, nothing running, every report settled."""
-        with self._cond:
-            return not self._schedule.ready and not self._unreported
+        """Nothing ready, nothing running."""
+        return not self._schedule.ready and not self._running
 
     @property
     def parked_keys(self) -> set[OrderingKey]:
-        with self._cond:
-            return self._schedule.parked_keys
+        return self._schedule.parked_keys
 
-    def run_inline(self) -> None:
-        """One lane: run what is ready in the loop's thread (reports go straight to `report`), for
-        MAX_UNIT_S at most: the loop polls between (the next turn goes on)."""
-        assert self._context is not None
+    def dispatch(self) -> None:
+        """Hand ready work out: to idle threads; or run it here, in the loop's thread, when a thread
+        hand-off would cost more than the work: always with one lane, and with more when all that
+        is ready is less than UNIT_S of work at the measured time per event (a fast handler: the
+        interpreter lock lets one thread run at a time anyway). Here for MAX_UNIT_S at most: the
+        loop polls between (its next turn goes on)."""
+        schedule = self._schedule
         deadline = time.perf_counter() + MAX_UNIT_S
-        while True:
-            with self._cond:
-                unit = self._schedule.take(everything=True)
-                if unit is None:
-                    return
-                self._number(unit)
+        while self._inline or schedule.quick():
+            unit = schedule.take(everything=True)
+            if unit is None:
+                return
+            unit.number = -1  # not waited for: finished before the loop reads its report
             report = self.process(unit, self._context)
-            with self._cond:
-                self._schedule.finish(unit)
+            schedule.finish(unit)
             self._report(report)
             if time.perf_counter() > deadline:
                 return
+        self._to_threads()
 
     def stop(self, timeout_s: float) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        """Stop the threads once their running unit is done (work still ready is dropped)."""
+        for inbox in self._inboxes:
+            inbox.put(None)
         for thread in self._threads:
             thread.join(timeout=timeout_s)
 
+    def _to_threads(self) -> None:
+        """A unit for each idle thread, while any is ready."""
+        idle, schedule = self._idle, self._schedule
+        while idle and (unit := schedule.take()) is not None:
+            thread = idle.pop()
+            unit.number = self._taken
+            self._taken += 1
+            self._running[unit.number] = (unit, thread)
+            self._inboxes[thread].put(unit)
+
     # -- a handler thread -----------------------------------------------------------------------
 
-    def _thread(self, ctx: LaneContext) -> None:
-        cond, schedule = self._cond, self._schedule
-        unit: Unit | None = None
-        while True:
-            report = self.process(unit, ctx) if unit is not None else None
-            with cond:
-                if unit is not None:
-                    schedule.finish(unit)
-                unit = self._take()
-            if report is not None:
-                self._report(report)  # after finish: the keys it freed are free when the loop reads it
-            if unit is None:
-                with cond:
-                    while (unit := self._take()) is None and not self._stopping:
-                        cond.wait()
-                if unit is None:
-                    return
-
-    def _take(self) -> Unit | None:
-        """(Under the lock.) This thread's next share, if any is ready; wakes another thread
-        when more is."""
-        unit = self._schedule.take()
-        if unit is not None:
-            self._number(unit)
-            if self._schedule.ready:
-                self._cond.notify()
-        return unit
-
-    def _number(self, unit: Unit) -> None:
-        """(Under the lock.) Number a unit just taken; its report is due."""
-        unit.number = self._taken
-        self._taken += 1
-        self._unreported.add(unit.number)
+    def _thread(self, inbox: queue.SimpleQueue[Unit | None], ctx: LaneContext) -> None:
+        while (unit := inbox.get()) is not None:
+            self._report(self.process(unit, ctx))
 
     def process(self, unit: Unit, ctx: LaneContext) -> LaneReport:
         """Run a unit's events, in order per key; note its parks and releases in it."""
@@ -326,9 +301,22 @@ class Lanes:
             report.settled[segment] = report.settled.get(segment, 0) + settled
 
     def _handle(self, items: Iterable[Item], unit: Unit, ctx: LaneContext, report: LaneReport) -> None:
-        """A run's events (retried, rehandled, waiting behind their key), in order."""
+        """A run's events (retried, rehandled, waiting behind their key), in order: consecutive
+        fresh ones of one segment together, each held one on its own."""
+        fresh: list[Message] = []
+        of: Segment | None = None
         for raw, segment, event in items:
-            self._handle_run(segment, [raw], unit, ctx, report, event)
+            if event is None and (segment is of or not fresh):
+                fresh.append(raw)
+                of = segment
+                continue
+            if fresh and of is not None:
+                self._handle_run(of, fresh, unit, ctx, report)
+            fresh, of = ([raw], segment) if event is None else ([], None)
+            if event is not None:
+                self._handle_run(segment, [raw], unit, ctx, report, event)
+        if fresh and of is not None:
+            self._handle_run(of, fresh, unit, ctx, report)
 
     def _failed(self, event: Event, error: BaseException, trace: str, unit: Unit) -> None:
         key, origin = event.ordering_key, event.origin

@@ -132,7 +132,7 @@ class Worker:
             lambda: LaneContext(self._producer, self._on_ack),
             self._reroute,
             self._parks_retries,
-            self._settle_lane if runtime.concurrency == 1 else lambda r: self._done.put(LaneDone(r)),
+            lambda report: self._done.put(LaneDone(report)),
             name=f"{group_id}-lane",
         )
         self._offsets = Offsets()  # segments in flight per partition, offsets to store
@@ -278,8 +278,7 @@ class Worker:
             self._lanes.admit_retried(events, self._now_ms())
         else:
             self._lanes.admit(cast(list[SegmentRun], runs), keys)
-        if self._lanes.inline:
-            self._lanes.run_inline()
+        self._lanes.dispatch()
 
     def _segment(self, segments: dict[TP, Segment], tp: TP) -> Segment | None:
         """The open segment of `tp` in this batch, or a new one; None when `tp` is not assigned."""
@@ -300,8 +299,7 @@ class Worker:
     def _settle(self, block: bool) -> None:
         self._producer.poll(0)
         self._lanes.due(self._now_ms())  # retries whose time has come
-        if self._lanes.inline:
-            self._lanes.run_inline()
+        self._lanes.dispatch()
         timeout = 0.05 if block and not self._lanes.idle else 0.0
         while True:
             try:

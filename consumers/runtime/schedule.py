@@ -46,6 +46,7 @@ from consumers.runtime.offsets import Segment
 
 UNIT_S = 0.005  # the work (at the measured time per event) a thread takes in one hand-off at least
 MAX_UNIT_S = 0.25  # ... and at most: a revoke waits for the running units, a lone lane's poll too
+TRUSTED_EVENTS = 32  # events measured (decayed) before a thread takes more than a fair share
 ESTIMATE_DECAY = 0.8  # the weight of what was measured before, at each unit finished
 
 Item = tuple[Message, Segment, Event | None]
@@ -207,16 +208,20 @@ class KeySchedule:
     # -- out: taking and finishing units --------------------------------------------------------
 
     def take(self, everything: bool = False) -> Unit | None:
-        """The parts a free thread takes now (None: nothing is ready): up to its share."""
+        """The parts a free thread takes now, up to its share (None: nothing is ready, or
+        `concurrency` units are running already)."""
         ready = self.ready
-        if not ready:
+        if not ready or self.running >= self.concurrency:
             return None
-        per_event = self._measured_s / self._measured_events if self._measured_events else None
-        if per_event is None:
+        measured = self._measured_events
+        if not measured:
             least = most = 1  # nothing measured yet: one event at a time
         else:
-            per_event = max(per_event, 1e-9)
-            least, most = max(1, int(UNIT_S / per_event)), max(1, int(MAX_UNIT_S / per_event))
+            per_event = max(self._measured_s / measured, 1e-9)
+            most = max(1, int(MAX_UNIT_S / per_event))
+            # More than a fair share only on enough evidence: the first units to finish are the
+            # shortest, and a thread holds every key of its unit until the whole unit is done.
+            least = max(1, int(UNIT_S / per_event)) if measured >= TRUSTED_EVENTS else 1
         fair = self.ready_events if everything else math.ceil(self.ready_events / self.concurrency)
         share = min(max(fair, least), most)
         parts: list[Part] = []
@@ -281,10 +286,11 @@ class KeySchedule:
     # -- revokes --------------------------------------------------------------------------------
 
     def revoke(self, retry_partitions: frozenset[int]) -> list[Event]:
-        """Segments of revoked partitions were marked: drop their events that wait here (returned,
-        skipped: the new owner reads them) and stop waiting for retries that moved. Events of
-        revoked partitions in ready parts are skipped by the thread that takes them."""
-        skipped = [d[2] for d in self.delayed if d[2].segment.revoked]
+        """Segments of revoked partitions were marked: drop their events that wait here, ready or
+        not (returned, skipped: the new owner reads them), and stop waiting for retries that
+        moved. Events of revoked partitions in taken units are skipped by the thread running them."""
+        skipped = self._purge_ready()
+        skipped += [d[2] for d in self.delayed if d[2].segment.revoked]
         if skipped:
             self.delayed = [d for d in self.delayed if not d[2].segment.revoked]
             heapq.heapify(self.delayed)
@@ -303,6 +309,41 @@ class KeySchedule:
                 self._wake(key)
         return skipped
 
+    def _purge_ready(self) -> list[Event]:
+        """Drop the events of revoked segments from the ready parts; free keys left with none."""
+        skipped: list[Event] = []
+        freed: list[OrderingKey] = []
+        kept: deque[Part] = deque()
+        for part in self.ready:
+            if isinstance(part, Block):
+                runs: list[SegmentRun] = []
+                keys: list[bytes] = []
+                start = 0
+                for segment, messages in part.runs:
+                    end = start + len(messages)
+                    if segment.revoked:
+                        skipped += [Event(raw, segment, False) for raw in messages]
+                        freed += part.keys[start:end]
+                    else:
+                        runs.append((segment, messages))
+                        keys += part.keys[start:end]
+                    start = end
+                if runs:
+                    kept.append(Block(runs, keys))
+            else:
+                items = [item for item in part.items if not item[1].revoked]
+                skipped += [_event(item) for item in part.items if item[1].revoked]
+                if items:
+                    kept.append(Run(part.key, items))
+                else:
+                    freed.append(part.key)
+        self.ready = kept
+        self.ready_events -= len(skipped)
+        for key in freed:
+            self.busy.discard(key)
+            self._wake(key)
+        return skipped
+
     # -- state ----------------------------------------------------------------------------------
 
     @property
@@ -313,6 +354,12 @@ class KeySchedule:
     def idle(self) -> bool:
         """Nothing ready and nothing running (parked keys and delayed retries may wait)."""
         return not self.ready and not self.running
+
+    def quick(self) -> bool:
+        """Whether all that is ready is less than UNIT_S of work at the time per event measured
+        (on enough evidence)."""
+        measured = self._measured_events
+        return measured >= TRUSTED_EVENTS and self.ready_events * self._measured_s / measured < UNIT_S
 
     def _hold(self, key: OrderingKey, items: list[Item]) -> None:
         """Put a busy key's items back in front of what waits: held events (retried, rehandled)

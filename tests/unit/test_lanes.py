@@ -130,7 +130,7 @@ class Harness:
         """Retries that came due, then everything ready; the reports merged."""
         self.lanes.due(self.now)
         start = len(self.reports)
-        self.lanes.run_inline()
+        self.lanes.dispatch()
         merged = LaneReport()
         for report in self.reports[start:]:
             for segment, count in report.settled.items():
