@@ -4,13 +4,14 @@ loop.py      the consume loop, wiring over the parts below: poll -> admit -> set
              control; rebalances, retry gates on assignment, commit on revoke and shutdown
 partitions.py  the two consumers as one assignment: rebalances, retry gates, pauses, store, commit
 clients.py   the Kafka client calls the loop makes (Protocols) and the default factories
-lanes.py     key-ordered concurrency: the handler threads, taking scheduled work
+lanes.py     key-ordered concurrency: the handler threads, fed by the loop from the schedule
 schedule.py  keys scheduled, not hashed: what a free thread may take next; parked keys,
              delayed retries (pure)
 handoff.py   what the lanes and the producer's callbacks hand the loop, typed: LaneReport;
              LaneDone, Acked, Rerouted on the settle queue
 offsets.py   segments in flight per partition, holes, the offset to store (pure)
 gates.py     retry gates: a source partition waits until its retry partition is read (pure)
+rebalance.py failed rebalance callbacks, run again from the loop (pure)
 flow.py      flow control: fetch room, when to pause and resume (pure)
 message.py   the Context a handler gets with each message; Event, a message held on to
 retry.py     backoff and failure classification (pure)
@@ -19,7 +20,7 @@ headers.py   retry / dead-letter header names and their encoding
 stats.py     RunStats and WorkerHealth, what a worker reports
 
 Imports run one way: offsets <- message <- handoff, schedule, clients <- lanes <- loop, and
-gates, flow, clients <- partitions <- loop (no cycle).
+gates, flow, clients <- partitions <- loop, rebalance <- loop (no cycle).
 """
 
 from consumers.runtime.loop import RunStats, Worker

@@ -1,8 +1,9 @@
 """The consume loop every docstream worker runs: at-least-once delivery, effects keyed.
 
-`Worker.run` is the loop: poll -> admit -> settle -> flow control. The handlers run in lanes
-(consumers.runtime.lanes), one thread each. A message is done only in this order, and its
-offset never moves before the earlier steps hold:
+`Worker.run` is the loop: poll -> admit -> settle -> flow control. The handlers run on handler
+threads (consumers.runtime.lanes), which the loop feeds from a key schedule (schedule): a free
+thread gets the next events whose keys have nothing in flight. A message is done only in this
+order, and its offset never moves before the earlier steps hold:
 
     1. the handler wrote its effect (a result object under its idempotency key) and returned;
     2. every result event it emitted was acknowledged by the broker (acks=all);
@@ -17,16 +18,17 @@ Retries go through the group's retry topic. It has the source's partition count 
 event keeps its key, so its retry lands on the partition with the same number; a second
 consumer (`_retries`, group `<group>.retry`) is assigned exactly the retry partitions whose
 numbers match the source partitions this worker owns. So the owner of a key also owns its
-retries, and the key's later events wait in its lane until the retried one is handled. On
+retries, and the key's later events wait (it is parked) until the retried one is handled. On
 assignment, a source partition stays paused until the pending retries of its number have
 been read, so a new owner learns which keys are waiting before it handles later events.
 
 The loop is the wiring; the decisions are made by pure parts, each unit-tested on its own:
-offsets and holes (consumers.runtime.offsets), retry gates (gates), flow control (flow), the
-messages between the loop and its lanes (handoff). Calls on the two consumers that name
+offsets and holes (consumers.runtime.offsets), the key schedule (schedule), retry gates
+(gates), failed rebalance callbacks (rebalance), flow control (flow), the messages between the
+loop and its lanes (handoff). Calls on the two consumers that name
 partitions go through `Partitions` (partitions). The Kafka clients come from factories
 (consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
-What is left here (about 520 lines, some 370 of them code) is one thing: the steps of a turn,
+What is left here (about 540 lines, some 380 of them code) is one thing: the steps of a turn,
 the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
 outstanding work, and read in order as the story of a message.
 
@@ -68,6 +70,7 @@ from consumers.runtime.message import Decoder, Event, Handler
 from consumers.runtime.offsets import SEGMENT_EVENTS as FULL
 from consumers.runtime.offsets import TP, Offsets, Segment
 from consumers.runtime.partitions import Partitions
+from consumers.runtime.rebalance import Rebalance, RebalanceRetries
 from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from consumers.runtime.schedule import SegmentRun
@@ -123,8 +126,7 @@ class Worker:
         producer = kafka_config.producer_config(dict(connection), **{"linger.ms": 1})
         self._producer = producer_factory(kafka_config.watched(producer, self._watch))
         self._done: queue.SimpleQueue[Settlement] = queue.SimpleQueue()
-        # With one lane the loop's own thread runs the handlers: a thread hand-off would cost more
-        # than the handling of a fast handler (docs/tuning.md: max.poll.interval then bounds it).
+        # With one lane, or a fast handler, the loop's own thread runs the handlers (Lanes.dispatch).
         self._lanes = Lanes(
             runtime.concurrency,
             handler,
@@ -137,7 +139,7 @@ class Worker:
         )
         self._offsets = Offsets()  # segments in flight per partition, offsets to store
         self._flow = Flow(runtime.max_in_flight)
-        self._callback_failure: Exception | None = None  # raised by a rebalance callback (_guarded)
+        self._rebalance_retries = RebalanceRetries()  # failed rebalance callbacks, run again later
         self._closing = False
         self._stop = threading.Event()
         self.stats = RunStats()
@@ -159,9 +161,9 @@ class Worker:
         self._lanes.start()
         self._consumer.subscribe(
             self.topics,
-            on_assign=self._guarded(self._on_assign),
-            on_revoke=self._guarded(self._on_revoke),
-            on_lost=self._guarded(self._on_lost),
+            on_assign=self._guarded("on_assign", self._on_assign),
+            on_revoke=self._guarded("on_revoke", self._on_revoke),
+            on_lost=self._guarded("on_lost", self._on_lost),
         )
         try:
             while not self._stop.is_set() and not (until and until(self.stats)):
@@ -191,6 +193,7 @@ class Worker:
             in_flight=self._offsets.in_flight,
             last_loop_at=datetime.fromtimestamp(last_ms / 1000, UTC) if last_ms else None,
             loop_stuck=bool(last_ms) and self._now_ms() - last_ms > stuck_after_s * 1000,
+            rebalance_pending=self._rebalance_retries.partitions,
         )
 
     def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
@@ -213,7 +216,6 @@ class Worker:
                 return [], []  # full for a moment: let the lanes catch up (consumers.runtime.flow)
             for raw in self._consumer.consume(1, 0.05):  # paused: serves rebalances, heartbeats
                 self._rewind(raw, via_retry=False)  # fetched before the pause took effect
-            self._raise_callback_failure()
             return [], []
         timeout = 0.1 if self._lanes.idle else 0.0
         try:
@@ -222,7 +224,6 @@ class Worker:
             fresh = self._consumer.consume(max(1, room - len(retried)), timeout)
         except KafkaException as exc:
             raise KafkaError(f"{self.group_id}: consume failed: {exc}") from exc
-        self._raise_callback_failure()
         return retried, fresh
 
     @staticmethod
@@ -417,55 +418,62 @@ class Worker:
             self._partitions.pause_all(change is Change.PAUSE)
         if self._partitions.gates.due(now) and self._watch.state().reachable:
             self._partitions.read_gates()
+        if self._rebalance_retries:
+            for pending in self._rebalance_retries.due(now):
+                self._rebalance(pending.name, pending.run, pending.partitions, pending.attempt)
         self.stats.in_flight = in_flight
         self.stats.last_loop_ms = now
 
     # -- rebalances -------------------------------------------------------------------------
 
-    def _guarded(self, callback: RebalanceCallback) -> RebalanceCallback:
-        """A rebalance callback that never raises into the client.
+    def _guarded(self, name: str, callback: RebalanceCallback) -> RebalanceCallback:
+        """A rebalance callback that never raises into the client, nor crashes the worker.
 
         confluent-kafka runs the callbacks inside consume() and close() and hands an exception
-        back from there; on Python < 3.12 one raised in C (a call on a closed consumer, say)
-        comes back mangled: `SystemError: _PyErr_SetObject: exception <class 'str'> is not a
-        BaseException subclass`. The loop raises the first failure itself once consume()
-        returns (`_raise_callback_failure`); `_shutdown` logs one from close().
+        back from there (on Python < 3.12 one raised in C comes back mangled: `SystemError:
+        _PyErr_SetObject: exception <class 'str'> is not a BaseException subclass`). A failure
+        is logged (a warning the first time, the outcome once it holds), counted in
+        `RunStats.rebalance_failures`, shown in `health()`, and the callback runs again from the
+        loop a moment later (consumers.runtime.rebalance); the callbacks are idempotent.
         """
 
         def guarded(consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-            try:
-                callback(consumer, partitions)
-            except Exception as exc:
-                self._callback_failure = self._callback_failure or exc
+            if self._closing:  # close() revokes what _shutdown committed; a late join is dropped
+                return
+            self._rebalance_retries.supersede(partitions)  # the newest rebalance of them wins
+            self.stats.rebalances += 1
+            self._rebalance(name, partial(callback, consumer), list(partitions), attempt=1)
 
         return guarded
 
-    def _raise_callback_failure(self) -> None:
-        failure, self._callback_failure = self._callback_failure, None
-        if failure is not None:
-            raise KafkaError(f"{self.group_id}: rebalance failed: {failure!r}") from failure
+    def _rebalance(self, name: str, run: Rebalance, partitions: list[TopicPartition], attempt: int) -> None:
+        where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions)
+        try:
+            run(partitions)
+        except Exception as exc:
+            self.stats.rebalance_failures += 1
+            level = logging.WARNING if attempt == 1 else logging.DEBUG
+            log.log(
+                level, "%s: %s of %s failed, running it again shortly: %r", self.group_id, name, where, exc
+            )
+            self._rebalance_retries.failed(name, run, partitions, attempt, self._now_ms())
+            return
+        if attempt > 1:
+            log.info("%s: %s of %s done at attempt %d", self.group_id, name, where, attempt)
 
     def _on_assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        if self._closing:  # a join that completed while _shutdown ran: close() revokes it again
-            return
-        self.stats.rebalances += 1
         self._partitions.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        if self._closing:  # close() revokes everything after _shutdown committed it
-            return
         self._hand_back(partitions, commit=True)
-        consumer.incremental_unassign(partitions)
+        self._partitions.unassign_group(consumer, partitions)
 
     def _on_lost(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        if self._closing:
-            return
         self._hand_back(partitions, commit=False)
-        consumer.incremental_unassign(partitions)
+        self._partitions.unassign_group(consumer, partitions)
 
     def _hand_back(self, partitions: list[TopicPartition], commit: bool) -> None:
         """Skip unstarted events of revoked partitions, let running ones finish, commit."""
-        self.stats.rebalances += 1
         revoked, numbers = self._partitions.taken(partitions)
         self._revoke(revoked, numbers)
         if commit:
@@ -506,9 +514,6 @@ class Worker:
         # close() runs the callbacks still due (Partitions.close): they find `_closing` set.
         self._closing = True
         self._partitions.close()
-        if self._callback_failure is not None:
-            failure = self._callback_failure
-            log.warning("%s: a rebalance callback failed in close(): %r", self.group_id, failure)
 
     def _consumer_config(
         self, connection: Connection, group: str, overrides: Connection | None

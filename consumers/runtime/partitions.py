@@ -59,14 +59,19 @@ class Partitions:
 
     def assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         """The group assigned `partitions` (on `consumer`, the group consumer): take them, and
-        the retry partitions of their numbers, gated until those are read."""
-        consumer.incremental_assign(partitions)
+        the retry partitions of their numbers, gated until those are read. Idempotent: run again
+        after a failure, it assigns what is not assigned yet."""
+        _assign(consumer, partitions)
         self.assigned |= {(tp.topic, tp.partition) for tp in partitions}
         numbers = {tp.partition for tp in partitions if tp.topic == self.topics[0]}
         if numbers:
-            self.retries.incremental_assign([TopicPartition(self.retry_topic, n) for n in numbers])
-            self.assigned |= {(self.retry_topic, n) for n in numbers}
-            self._close_gates(numbers)
+            self.gates.close(numbers)
+            try:
+                _assign(self.retries, [TopicPartition(self.retry_topic, n) for n in numbers])
+                self.assigned |= {(self.retry_topic, n) for n in numbers}
+                self.read_gates()
+            finally:  # the sources whose retry partitions are not read yet wait, whatever failed
+                self._pause_gated()
         if self._flow.paused:
             self.pause_all(True)
         else:
@@ -87,18 +92,20 @@ class Partitions:
 
     def unassign(self, revoked: set[TP], numbers: set[int]) -> None:
         """Forget `revoked` and the gates of `numbers`; hand the retry partitions back (the group
-        consumer's own are handed back by the rebalance callback)."""
+        consumer's own: `unassign_group`). Idempotent, as `assign`."""
         self.assigned -= revoked
         self.gates.drop(numbers)
         if numbers:
-            self.retries.incremental_unassign([TopicPartition(self.retry_topic, n) for n in numbers])
+            _unassign(self.retries, [TopicPartition(self.retry_topic, n) for n in numbers])
+
+    def unassign_group(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+        """Hand `partitions` back on the group consumer (those it still holds)."""
+        _unassign(consumer, partitions)
 
     # -- retry gates ------------------------------------------------------------------------
 
-    def _close_gates(self, numbers: set[int]) -> None:
-        """Pause source partitions until their retry partition's pending records are read."""
-        self.gates.close(numbers)
-        self.read_gates()
+    def _pause_gated(self) -> None:
+        """Pause the source partitions whose gate is closed (`read_gates` opens them)."""
         gated = [TopicPartition(t, p) for t, p in self.assigned if t in self.topics and p in self.gates]
         if gated:
             self.consumer.pause(gated)
@@ -142,7 +149,10 @@ class Partitions:
             if not paused:
                 parts = [tp for tp in parts if tp.topic == self.retry_topic or tp.partition not in self.gates]
             if parts:
-                (consumer.pause if paused else consumer.resume)(parts)
+                try:
+                    (consumer.pause if paused else consumer.resume)(parts)
+                except KafkaException as exc:  # a full window's fetches are rewound anyway (loop._poll)
+                    log.debug("%s: %s failed: %s", self.group_id, "pause" if paused else "resume", exc)
 
     def rewind(self, raw: Consumed, via_retry: bool) -> None:
         """Read a fetched message again later."""
@@ -204,3 +214,23 @@ class Partitions:
                 consumer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.warning("%s: closing a consumer: %s", self.group_id, exc)
+
+
+def _held(consumer: ConsumerClient) -> set[TP]:
+    return {(tp.topic, tp.partition) for tp in consumer.assignment()}
+
+
+def _assign(consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+    """Assign those of `partitions` that `consumer` does not hold yet."""
+    held = _held(consumer)
+    new = [tp for tp in partitions if (tp.topic, tp.partition) not in held]
+    if new:
+        consumer.incremental_assign(new)
+
+
+def _unassign(consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+    """Unassign those of `partitions` that `consumer` still holds."""
+    held = _held(consumer)
+    gone = [tp for tp in partitions if (tp.topic, tp.partition) in held]
+    if gone:
+        consumer.incremental_unassign(gone)

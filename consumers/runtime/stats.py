@@ -18,6 +18,7 @@ class RunStats:
     dead_lettered: int = 0
     rewound: int = 0
     rebalances: int = 0
+    rebalance_failures: int = 0  # rebalance callbacks that failed (and ran again: Worker._guarded)
     in_flight: int = 0
     last_loop_ms: int = 0
     assigned: set[TP] = field(default_factory=set)
@@ -35,10 +36,11 @@ class WorkerHealth:
     in_flight: int
     last_loop_at: datetime | None  # None before the loop's first turn
     loop_stuck: bool  # the loop has not turned for longer than max.poll.interval.ms
+    rebalance_pending: int = 0  # partitions whose (un)assignment failed and waits to be run again
 
     @property
     def ok(self) -> bool:
-        return self.broker_reachable and not self.loop_stuck
+        return self.broker_reachable and not self.loop_stuck and not self.rebalance_pending
 
     def as_dict(self) -> dict[str, object]:  # for json.dumps
         def iso(at: datetime | None) -> str | None:
@@ -52,4 +54,5 @@ class WorkerHealth:
             "in_flight": self.in_flight,
             "last_loop_at": iso(self.last_loop_at),
             "loop_stuck": self.loop_stuck,
+            "rebalance_pending": self.rebalance_pending,
         }

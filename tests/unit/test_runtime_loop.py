@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from consumers.runtime import Context, Handler, RunStats, Worker
 from consumers.runtime import headers as hdr
 from consumers.runtime.clients import RebalanceCallback
+from consumers.runtime.stats import WorkerHealth
 from docstream.errors import TransientError
 from docstream.settings import RetryPolicy, RuntimeSettings
 
@@ -76,6 +77,7 @@ class Cluster:
     hold_acks: bool = False  # the producer acknowledges nothing while set
     batch: int = 1000  # the most messages one consume returns
     watermark_failures: int = 0  # get_watermark_offsets fails this many times (a leader moving)
+    failures: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, call) -> times it fails
     consumers: dict[str, FakeConsumer] = field(default_factory=dict)
     producer: FakeProducer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -101,6 +103,16 @@ class Cluster:
 
     def read(self, topic: str) -> list[FakeMessage]:
         return [m for p in range(self.partitions) for m in self.logs.get((topic, p), [])]
+
+    def fail(self, group: str, call: str) -> None:
+        """Raise as librdkafka would if `call` of `group`'s consumer is to fail now."""
+        with self.lock:
+            left = self.failures.get((group, call), 0)
+            if left:
+                self.failures[(group, call)] = left - 1
+        if left:
+            self.note(f"{call} failed", group)
+            raise KafkaException(KafkaError(KafkaError._STATE, f"{call}: Local: Erroneous state"))
 
     def index(self, *entry: Any) -> int:
         return self.timeline.index(entry)
@@ -161,18 +173,26 @@ class FakeConsumer:
             time.sleep(min(timeout, 0.002))
         return out
 
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in self.positions]
+
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.cluster.fail(self.group, "incremental_assign")
+        assert not {(tp.topic, tp.partition) for tp in partitions} & set(self.positions), "assigned twice"
         committed = self.cluster.committed.get(self.group, {})
         for tp in partitions:
             self.positions[(tp.topic, tp.partition)] = committed.get((tp.topic, tp.partition), 0)
         self.cluster.note("assign", self.group, sorted((tp.topic, tp.partition) for tp in partitions))
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self.cluster.fail(self.group, "incremental_unassign")
+        assert {(tp.topic, tp.partition) for tp in partitions} <= set(self.positions), "not assigned"
         for tp in partitions:
             self.positions.pop((tp.topic, tp.partition), None)
         self.cluster.note("unassign", self.group, sorted((tp.topic, tp.partition) for tp in partitions))
 
     def pause(self, partitions: list[TopicPartition]) -> None:
+        self.cluster.fail(self.group, "pause")
         self.paused |= {(tp.topic, tp.partition) for tp in partitions}
         self.cluster.note("pause", self.group, sorted((tp.topic, tp.partition) for tp in partitions))
 
@@ -586,3 +606,65 @@ def test_offsets_that_cannot_be_read_in_the_assignment_are_read_again_and_nothin
     stores = [i for i, e in enumerate(cluster.timeline) if e[0] == "store" and e[2][0] == SOURCE]
     assert cluster.timeline.index(failed[0]) < min(stores), "the gates failed first, then work went on"
     assert "not read yet" in caplog.text and "NOT_LEADER_FOR_PARTITION" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [(f"{GROUP}.retry", "incremental_assign"), (GROUP, "incremental_assign")],
+    ids=["retry-consumer", "group-consumer"],
+)
+def test_an_assignment_callback_that_fails_is_run_again_and_reported_not_raised(
+    failing: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step of the assignment callback raises (librdkafka's error, as a partition's leader moves
+    or a broker comes back): the worker does not crash; it logs it once, shows it in `health()`,
+    runs the callback again a moment later, and then handles every message once."""
+    cluster = Cluster(partitions=2, failures={failing: 2})
+    for i in range(6):
+        cluster.publish(b"k%d" % i, b"v%d" % i)
+    seen: list[bytes] = []
+    health: list[WorkerHealth] = []
+    w = worker(cluster, lambda message, ctx: seen.append(message.value()))
+
+    def until(stats: RunStats) -> bool:
+        if stats.rebalance_failures and not health:
+            health.append(w.health())
+        return stats.handled == 6 and stats.in_flight == 0
+
+    with caplog.at_level("INFO", logger="consumers.runtime"):
+        stats = run(w, until)
+    assert sorted(seen) == sorted(b"v%d" % i for i in range(6)), "each message once"
+    assert stats.rebalance_failures == 2 and cluster.failures[failing] == 0
+    assert health and not health[0].ok and health[0].rebalance_pending == 2, "shown while it waits"
+    assert w.health().rebalance_pending == 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "on_assign" in r.message]
+    assert len(warnings) == 1, "one warning, not one per attempt"
+    assert "done at attempt 3" in caplog.text
+    assert {(SOURCE, 0), (SOURCE, 1), (RETRY, 0), (RETRY, 1)} <= stats.assigned
+    retry_assigned = cluster.index("assign", f"{GROUP}.retry", [(RETRY, 0), (RETRY, 1)])
+    stores = [i for i, e in enumerate(cluster.timeline) if e[0] == "store" and e[2][0] == SOURCE]
+    assert retry_assigned < min(stores), "the sources waited until their retry partitions were read"
+
+
+def test_a_revoke_callback_that_fails_is_run_again_and_hands_the_partition_back() -> None:
+    cluster = Cluster(partitions=2, failures={(GROUP, "incremental_unassign"): 1})
+    cluster.publish(b"k", b"a", partition=0)
+    handled: list[bytes] = []
+    steps: list[str] = []
+
+    def until(stats: RunStats) -> bool:
+        if not steps and handled == [b"a"] and stats.in_flight == 0:
+            cluster.consumers[GROUP].revoke([TopicPartition(SOURCE, 0)])
+            steps.append("revoked")
+        return (
+            bool(steps)
+            and stats.rebalance_failures == 1
+            and (SOURCE, 0) not in cluster.consumers[GROUP].positions
+        )
+
+    stats = run(worker(cluster, lambda message, ctx: handled.append(message.value())), until)
+    assert stats.rebalance_failures == 1
+    assert cluster.committed[GROUP][(SOURCE, 0)] == 1, "committed before the partition went"
+    assert [e for e in cluster.timeline if e[0] == "unassign" and e[1] == GROUP] == [
+        ("unassign", GROUP, [(SOURCE, 0)])
+    ], "handed back once, at the second attempt"
