@@ -8,12 +8,14 @@ shutdown are fixed costs, not throughput, for every side alike).
 
 - raw: `consume(500, 0.1)`, the no-op, `store_offsets` per message;
 - ours: `Worker` with `RuntimeSettings()`, the defaults `docstream worker` runs with
-  (concurrency 8, max_in_flight 64): the main row;
+  (concurrency 8, max_in_flight 1000): the main row;
 - ours, tuned: concurrency 1, max_in_flight 2000 (a no-op's p50 ~ 0 gives one lane by
   docs/tuning.md's rule), what `make bench` used to report: a second row, labelled tuned;
 - faust (a peer): a faust-streaming agent doing the same no-op over the same topic
   (`tests.bench.faust_agent`, in a child process), over its first `FAUST_EVENTS` events only:
-  it is two orders of magnitude slower, and a round must stay short.
+  it is two orders of magnitude slower, and a round must stay short;
+- busy threads: the defaults with a handler that sleeps 1 ms (`SLEEPY_EVENTS` events): the
+  handlers' time over (elapsed x concurrency), the share of the time every thread was busy.
 
 Rounds alternate their order so that noise on a shared machine hits every side alike; the
 figure is each side's median over the rounds (the best rounds and the round-by-round range of
@@ -23,6 +25,7 @@ the ratio are printed beside it: on a 2-core machine rounds swing by tens of per
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -45,7 +48,12 @@ VALUE = b"x" * 300  # about the size of an encoded doc.uploaded event
 DEFAULTS = RuntimeSettings()  # what `docstream worker` runs with
 TUNED = RuntimeSettings(concurrency=1, max_in_flight=2000)
 FAUST_EVENTS = 20_000
+SLEEPY_EVENTS = 8_000
 ROUNDS = 5
+
+
+def _settings(runtime: RuntimeSettings) -> str:
+    return f"concurrency {runtime.concurrency}, max_in_flight {runtime.max_in_flight}"
 
 
 def _prepare(bootstrap: str, n: int) -> str:
@@ -117,6 +125,41 @@ def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings) -> float
     return n / elapsed
 
 
+def _busy_threads(bootstrap: str, topic: str, n: int) -> dict[str, float]:
+    """The defaults with a handler that sleeps 1 ms: events/s, and the share of the time the
+    `concurrency` threads spent in handlers."""
+    lock = threading.Lock()
+    in_handlers = [0.0]
+
+    def handle(message: Message, ctx: Context) -> None:
+        started = time.perf_counter()
+        time.sleep(0.001)
+        with lock:
+            in_handlers[0] += time.perf_counter() - started
+
+    group = f"{topic}.group"
+    worker = Worker(
+        group_id=group,
+        topics=[topic],
+        handler=handle,
+        connection={"bootstrap.servers": bootstrap},
+        runtime=DEFAULTS,
+    )
+    started, ended = [0.0], [0.0]
+
+    def until(stats: Any) -> bool:
+        if stats.fetched and not started[0]:
+            started[0] = time.perf_counter()
+        if stats.handled >= n and not ended[0]:
+            ended[0] = time.perf_counter()
+        return bool(stats.handled >= n)
+
+    worker.run(until=until)
+    elapsed = ended[0] - started[0]
+    _reset(bootstrap, group, topic)
+    return {"eps": n / elapsed, "busy": in_handlers[0] / (elapsed * DEFAULTS.concurrency)}
+
+
 def _reset(bootstrap: str, group: str, topic: str) -> None:
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
@@ -156,16 +199,17 @@ def run(bootstrap: str, n: int = 100_000, rounds: int = ROUNDS) -> list[dict[str
             measured[name].append(sides[name]())
     raw, defaults, tuned, faust = (measured[k] for k in ("raw", "defaults", "tuned", "faust"))
     common = {"events": n, "rounds": rounds, "figure": "median of rounds"}
+    sleepy = _busy_threads(bootstrap, topic, min(n, SLEEPY_EVENTS))
     return [
         _row(
-            "consumer: Worker, defaults (concurrency 8, max_in_flight 64), no-op handler",
+            f"consumer: Worker, defaults ({_settings(DEFAULTS)}), no-op handler",
             "raw confluent-kafka poll loop",
             raw,
             defaults,
             **common,
         ),
         _row(
-            "consumer: Worker, TUNED (concurrency 1, max_in_flight 2000), no-op handler",
+            f"consumer: Worker, TUNED ({_settings(TUNED)}), no-op handler",
             "raw confluent-kafka poll loop",
             raw,
             tuned,
@@ -181,4 +225,13 @@ def run(bootstrap: str, n: int = 100_000, rounds: int = ROUNDS) -> list[dict[str
             faust_events=faust_n,
             **common,
         ),
+        {
+            "name": "consumer: Worker, defaults, a handler that sleeps 1 ms: threads busy (share of time)",
+            "baseline": f"{DEFAULTS.concurrency} threads always in a handler",
+            "raw_eps": round(1.0 / 0.001 * DEFAULTS.concurrency),
+            "ours_eps": round(sleepy["eps"]),
+            "ratio": round(sleepy["busy"], 3),
+            "events": min(n, SLEEPY_EVENTS),
+            "figure": "one run",
+        },
     ]
