@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     NewTopic,
 )
 
-from consumers.runtime import Context, Worker
+from consumers.runtime import Context, Handler, Worker
 from consumers.runtime.message import Message
 from docstream.kafka import config as kafka_config
 from docstream.settings import RuntimeSettings
@@ -100,6 +100,11 @@ def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings) -> float
     def handle(message: Message, ctx: Context) -> None:
         return None
 
+    return n / _timed_worker(bootstrap, topic, n, runtime, handle)
+
+
+def _timed_worker(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings, handle: Handler) -> float:
+    """Seconds from the worker's first fetched event until it handled `n`."""
     group = f"{topic}.group"
     worker = Worker(
         group_id=group,
@@ -120,9 +125,8 @@ def _ours(bootstrap: str, topic: str, n: int, runtime: RuntimeSettings) -> float
         return bool(stats.handled >= n)
 
     worker.run(until=until)
-    elapsed = ended[0] - started[0]
     _reset(bootstrap, group, topic)
-    return n / elapsed
+    return ended[0] - started[0]
 
 
 def _busy_threads(bootstrap: str, topic: str, n: int) -> dict[str, float]:
@@ -137,26 +141,7 @@ def _busy_threads(bootstrap: str, topic: str, n: int) -> dict[str, float]:
         with lock:
             in_handlers[0] += time.perf_counter() - started
 
-    group = f"{topic}.group"
-    worker = Worker(
-        group_id=group,
-        topics=[topic],
-        handler=handle,
-        connection={"bootstrap.servers": bootstrap},
-        runtime=DEFAULTS,
-    )
-    started, ended = [0.0], [0.0]
-
-    def until(stats: Any) -> bool:
-        if stats.fetched and not started[0]:
-            started[0] = time.perf_counter()
-        if stats.handled >= n and not ended[0]:
-            ended[0] = time.perf_counter()
-        return bool(stats.handled >= n)
-
-    worker.run(until=until)
-    elapsed = ended[0] - started[0]
-    _reset(bootstrap, group, topic)
+    elapsed = _timed_worker(bootstrap, topic, n, DEFAULTS, handle)
     return {"eps": n / elapsed, "busy": in_handlers[0] / (elapsed * DEFAULTS.concurrency)}
 
 
