@@ -270,7 +270,9 @@ class Publisher:
         if event_type == DOC_UPLOADED_EVENT:
             validate_upload(record, self._limits)
         value = self._require_codec().encode(event_type, record, topic=topic)
-        return self.publish_raw_async(topic, _key_bytes(key, record), value, headers, on_delivery=on_delivery)
+        future = DeliveryFuture(self._poll_method, on_delivery)  # publish_raw_async, one call less
+        self._send(topic, _key_bytes(key, record), value, headers, future)
+        return future
 
     def publish(
         self,
@@ -518,7 +520,7 @@ class Publisher:
         if err is not None:
             self._failed_count += 1
             if len(self._failed) < _KEPT_FAILURES:
-                self._failed.append(delivery_error(err, msg))
+                self._failed.append(delivery_error(err, msg.topic()))
 
     def _raise_unwatched_failures(self) -> None:
         if not self._failed_count:
