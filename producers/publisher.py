@@ -349,9 +349,11 @@ class Publisher:
         the batch; see producers.batch). Each document's content is stored before its event is
         sent, as in `publish_document`. `timeout`: seconds after its event was sent that a
         document's acknowledgement is waited for (PublishTimeout); `on_outcome` is called with
-        each outcome, in order, as soon as it is known. `max_in_flight=1` is one at a time."""
+        each outcome, in order, as soon as it is known. `max_in_flight=1` is one at a time.
+        A tenant that is not valid is refused before anything is stored (InvalidEventError)."""
         self._require_blobs()
         self._require_codec()
+        validation.tenant(tenant, "documents")  # the batch's: refused once, not once per document
         uploads = (d if isinstance(d, DocumentUpload) else DocumentUpload(d) for d in documents)
 
         def send(upload: DocumentUpload) -> Sent | DocstreamError:

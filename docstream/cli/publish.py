@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from docstream import validation
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import BrokerError
 from docstream.settings import Settings
@@ -73,6 +74,8 @@ def publish(
         raise typer.BadParameter(
             f"names one document, but {len(files)} files were given", param_hint="'--document-id'"
         )
+    if content_type is not None:  # every file's: refused once, not once per file
+        validation.content_type(content_type, "--content-type")
     s = settings()
     uploads = [DocumentUpload(path, content_type=content_type, document_id=document_id) for path in files]
     with _publisher(s) as publisher:

@@ -359,6 +359,23 @@ def test_cli_reports_each_file_publishes_the_others_and_exits_2(
     assert "f03.txt is empty" in table.output and "f00.txt" in table.output
 
 
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--tenant", "no tenant"], "documents: tenant 'no tenant' is not"),
+        (["--content-type", "x/y"], "unsupported"),
+    ],
+)
+def test_cli_refuses_a_bad_option_once_and_stores_nothing(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path, option: list[str], error: str
+) -> None:
+    files = text_files(tmp_path, 3, "f", "file {}")
+    result = run_cli(["--topic", new_topic(partitions=1), *option, *map(str, files)], cli_env(settings))
+    assert result.exit_code == 2
+    assert result.output.count("error:") == 1 and error in result.output
+    assert not (Path(settings.blob_root) / "content").exists()
+
+
 def test_cli_document_id_names_the_key(
     settings: Settings, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
