@@ -3,7 +3,10 @@
 `DeliveryFuture` is settled by librdkafka's delivery report, which runs inside whatever
 thread calls the producer's `poll`/`flush`. It is deliberately lean (see
 tests/bench/publisher_bench.py): no condition variable, no lock on the settle path, and the
-`DeliveryResult` is built only when someone asks for it.
+`DeliveryResult` is built only when someone asks for it. A settled future keeps the report's
+coordinates, not its Message: the Message holds a copy of the event's key and value and is
+tracked by the garbage collector, and a caller that keeps a future per event (the way to learn
+each one's fate) kept them all alive; that cost more than producing the events.
 """
 
 from __future__ import annotations
@@ -40,18 +43,23 @@ class DeliveryResult:
     latency_s: float
 
 
-def delivery_result(msg: Message) -> DeliveryResult:
+Report = tuple[str | None, int | None, int | None, int, float | None]
+"""What a settled future keeps of its delivery report: topic, partition, offset, timestamp (ms),
+latency (s)."""
+
+
+def delivery_result(report: Report) -> DeliveryResult:
     """The result carried by a successful delivery report."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    topic, partition, offset, timestamp_ms, latency = report
     if topic is None or partition is None or offset is None:
         raise DeliveryError(f"a delivery report without coordinates: {topic}[{partition}]@{offset}")
-    return DeliveryResult(topic, partition, offset, msg.timestamp()[1], msg.latency() or 0.0)
+    return DeliveryResult(topic, partition, offset, timestamp_ms, latency or 0.0)
 
 
-def delivery_error(err: ConfluentKafkaError, msg: Message) -> DeliveryError:
-    """A failed delivery report, as docstream's error."""
+def delivery_error(err: ConfluentKafkaError, topic: str | None) -> DeliveryError:
+    """A failed delivery report (of an event for `topic`), as docstream's error."""
     return DeliveryError(
-        f"event for topic {msg.topic()!r} was not delivered: {err.str()} ({err.name()})",
+        f"event for topic {topic!r} was not delivered: {err.str()} ({err.name()})",
         retriable=bool(err.retriable()),
     )
 
@@ -65,46 +73,47 @@ class DeliveryFuture:
     Callbacks run on the thread that serves the report; an exception in one is logged.
     """
 
-    __slots__ = ("_callbacks", "_err", "_msg", "_poll")
+    __slots__ = ("_callbacks", "_err", "_poll", "_report")
 
     def __init__(self, poll: Poll, callback: DeliveryCallback | None = None) -> None:
         self._poll = poll
-        self._msg: Message | None = None
+        self._report: Report | None = None
         self._err: ConfluentKafkaError | None = None
         self._callbacks: list[DeliveryCallback] | None = None if callback is None else [callback]
 
     def done(self) -> bool:
-        return self._msg is not None
+        return self._report is not None
 
     def result(self, timeout: float | None = None) -> DeliveryResult:
         """The delivery result; raises DeliveryError, or TimeoutError after `timeout` seconds."""
-        msg = self._wait(timeout) if self._msg is None else self._msg
+        report = self._wait(timeout) if self._report is None else self._report
         if self._err is not None:
-            raise delivery_error(self._err, msg)
-        return delivery_result(msg)
+            raise delivery_error(self._err, report[0])
+        return delivery_result(report)
 
     def exception(self, timeout: float | None = None) -> DeliveryError | None:
         """The delivery error, or None when the event was delivered."""
-        msg = self._wait(timeout) if self._msg is None else self._msg
-        return None if self._err is None else delivery_error(self._err, msg)
+        report = self._wait(timeout) if self._report is None else self._report
+        return None if self._err is None else delivery_error(self._err, report[0])
 
     def add_done_callback(self, fn: DeliveryCallback) -> None:
         """Call `fn(self)` once the outcome is known (at once if it already is)."""
         with _CALLBACKS_LOCK:
-            pending = self._msg is None
+            pending = self._report is None
             if pending:
                 self._callbacks = [*(self._callbacks or ()), fn]
         if not pending:
             _run_callback(fn, self)
-        elif self._msg is not None:  # settled between the check and the append
+        elif self._report is not None:  # settled between the check and the append
             self._run_callbacks()
 
     def __call__(self, err: ConfluentKafkaError | None, msg: Message) -> None:
         """librdkafka's delivery report (the future is passed as produce's `on_delivery`,
-        which spares a bound method per event). `_err` is set before `_msg`, which marks it done."""
+        which spares a bound method per event). `_err` is set before `_report`, which marks it
+        done; the Message is not kept (see the module docstring)."""
         if err is not None:
             self._err = err
-        self._msg = msg
+        self._report = (msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.latency())
         if self._callbacks is not None:
             self._run_callbacks()
 
@@ -114,14 +123,14 @@ class DeliveryFuture:
         for fn in callbacks or ():
             _run_callback(fn, self)
 
-    def _wait(self, timeout: float | None) -> Message:
+    def _wait(self, timeout: float | None) -> Report:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._msg is None:
+        while self._report is None:
             remaining = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no delivery report within {timeout} s")
             self._poll(min(remaining, WAIT_SLICE_S))
-        return self._msg
+        return self._report
 
 
 def _run_callback(fn: DeliveryCallback, future: DeliveryFuture) -> None:

@@ -10,7 +10,10 @@ Two ways to learn an event's fate:
   a failed delivery is remembered and raised by the next `flush()` or `close()`, so a caller
   that flushes before committing its own progress never loses an event silently;
 - `publish_raw_async` / `publish_async` return a `DeliveryFuture`, `publish` and
-  `publish_document` block until the broker acknowledged the event.
+  `publish_document` block until the broker acknowledged the event;
+- `publish_documents` publishes a batch with many documents in flight and reports each one's
+  outcome: published (with its delivery), failed (with the reason) or not attempted
+  (`producers.batch`).
 
 Delivery reports are served without a background thread: each produce calls `poll(0)`, and
 whoever waits for an outcome (`publish`, `DeliveryFuture.result`, `flush`) polls until it has it.
@@ -29,17 +32,18 @@ unsupported content type or a bad id is refused with InvalidEventError.
         doc = publisher.publish_document(Path("invoice.pdf"), tenant="acme")
         print(doc.document_id, doc.delivery.partition, doc.delivery.offset)
 
-Over 400 lines because it is one thing, the `Publisher` class: its event paths, its document path
+Over 400 lines because it is one thing, the `Publisher` class: its event paths, its document paths
 (store, then publish) and its delivery bookkeeping share one producer and its state, so they stay
 together; what is pure already lives beside it (`producers.delivery`: futures and delivery
-errors; `producers.events`: the doc.uploaded record, ids and content types).
+errors; `producers.events`: the doc.uploaded record, ids and content types; `producers.batch`:
+a batch's window of documents in flight and its outcomes).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,14 +54,23 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Message
 
 from docstream import validation
-from docstream.blobstore import BlobStore
-from docstream.errors import ConfigurationError, DeliveryError, InvalidEventError, KafkaError, PublishTimeout
+from docstream.blobstore import BlobStore, StoredContent
+from docstream.errors import (
+    ConfigurationError,
+    DeliveryError,
+    DocstreamError,
+    InvalidEventError,
+    KafkaError,
+    PublishTimeout,
+    SchemaError,
+)
 from docstream.kafka import clients
 from docstream.kafka.config import connection_config, producer_config
 from docstream.kafka.errors import translate
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
+from producers.batch import DEFAULT_MAX_IN_FLIGHT, DocumentOutcome, DocumentUpload, Sent, publish_batch
 from producers.delivery import WAIT_SLICE_S, DeliveryCallback, DeliveryFuture, DeliveryResult, delivery_error
 from producers.events import (
     DOC_UPLOADED_EVENT,
@@ -96,10 +109,26 @@ class PublishedDocument:
     delivery: DeliveryResult
 
 
-def _read_document(data: bytes | Path) -> tuple[bytes, str | None]:
-    if isinstance(data, Path):
-        return data.read_bytes(), data.name
-    return data, None
+@dataclass(frozen=True, slots=True)
+class _StoredDocument:
+    """A document whose content is in the blob store, and the doc.uploaded record announcing it."""
+
+    record: dict[str, Any]
+    stored: StoredContent
+    traceparent: str
+
+    def published(self, delivery: DeliveryResult) -> PublishedDocument:
+        return PublishedDocument(
+            document_id=self.record["document_id"],
+            tenant=self.record["tenant"],
+            content_sha256=self.stored.sha256,
+            size_bytes=self.stored.size,
+            content_type=self.record["content_type"],
+            blob_uri=self.stored.uri,
+            stored=self.stored.created,
+            traceparent=self.traceparent,
+            delivery=delivery,
+        )
 
 
 def _key_bytes(key: str | bytes | None, record: Mapping[str, Any]) -> bytes:
@@ -241,7 +270,9 @@ class Publisher:
         if event_type == DOC_UPLOADED_EVENT:
             validate_upload(record, self._limits)
         value = self._require_codec().encode(event_type, record, topic=topic)
-        return self.publish_raw_async(topic, _key_bytes(key, record), value, headers, on_delivery=on_delivery)
+        future = DeliveryFuture(self._poll_method, on_delivery)  # publish_raw_async, one call less
+        self._send(topic, _key_bytes(key, record), value, headers, future)
+        return future
 
     def publish(
         self,
@@ -259,16 +290,21 @@ class Publisher:
         try:
             return future.result(timeout)
         except TimeoutError as exc:
-            what = f"{event_type} of document {record.get('document_id')!r}"
-            retrying_ms = self._config.get("message.timeout.ms", 300_000)
-            raise PublishTimeout(
-                f"{what}: no acknowledgement from the broker within {timeout} s. It may still be stored: the"
-                f" producer keeps retrying until message.timeout.ms ({retrying_ms} ms). Publishing this same"
-                " record again (PublishTimeout.record) is safe: consumers count an identical event once;"
-                " publishing the document anew would be a second upload.",
-                record=dict(record),
-                topic=topic or event_type,
-            ) from exc
+            raise self._timed_out(event_type, record, topic or event_type, timeout) from exc
+
+    def _timed_out(
+        self, event_type: str, record: Mapping[str, Any], topic: str, timeout: float | None
+    ) -> PublishTimeout:
+        what = f"{event_type} of document {record.get('document_id')!r}"
+        retrying_ms = self._config.get("message.timeout.ms", 300_000)
+        return PublishTimeout(
+            f"{what}: no acknowledgement from the broker within {timeout} s. It may still be stored: the"
+            f" producer keeps retrying until message.timeout.ms ({retrying_ms} ms). Publishing this same"
+            " record again (PublishTimeout.record) is safe: consumers count an identical event once;"
+            " publishing the document anew would be a second upload.",
+            record=dict(record),
+            topic=topic,
+        )
 
     # -- documents ----------------------------------------------------------------------
 
@@ -291,33 +327,87 @@ class Publisher:
         2. publish the event and wait for the broker's acknowledgement.
         When step 2 fails the content stays stored; harmless, a retry finds it there.
         """
-        content, name = _read_document(data)
-        content_type = content_type or guess_content_type(content, name)
-        self._check_document(content, name, tenant, document_id, content_type)  # before anything is stored
+        upload = DocumentUpload(data, content_type, document_id, attributes, source)
+        document = self._store_document(upload, tenant)
+        return document.published(
+            self.publish(DOC_UPLOADED_EVENT, document.record, topic=topic, timeout=timeout)
+        )
+
+    def publish_documents(
+        self,
+        documents: Iterable[DocumentUpload | bytes | Path],
+        *,
+        tenant: str,
+        topic: str = DOC_UPLOADED,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        timeout: float | None = None,
+        on_outcome: Callable[[DocumentOutcome], None] | None = None,
+    ) -> list[DocumentOutcome]:
+        """`publish_document` for many documents, up to `max_in_flight` of them sent and not yet
+        acknowledged at a time: one `DocumentOutcome` per document, in order (published, failed
+        with its error, or not attempted after a failure of the blob store or the broker stopped
+        the batch; see producers.batch). Each document's content is stored before its event is
+        sent, as in `publish_document`. `timeout`: seconds after its event was sent that a
+        document's acknowledgement is waited for (PublishTimeout); `on_outcome` is called with
+        each outcome, in order, as soon as it is known. `max_in_flight=1` is one at a time.
+        A tenant that is not valid is refused before anything is stored (InvalidEventError)."""
+        self._require_blobs()
+        self._require_codec()
+        validation.tenant(tenant, "documents")  # the batch's: refused once, not once per document
+        uploads = (d if isinstance(d, DocumentUpload) else DocumentUpload(d) for d in documents)
+
+        def send(upload: DocumentUpload) -> Sent | DocstreamError:
+            return self._send_document(upload, tenant, topic)
+
+        return publish_batch(
+            uploads, send, max_in_flight=max_in_flight, timeout=timeout, on_outcome=on_outcome
+        )
+
+    def _send_document(self, upload: DocumentUpload, tenant: str, topic: str) -> Sent | DocstreamError:
+        """Store a batch's document and produce its event. The document's own failures are returned;
+        those of the blob store or the producer raise (they stop the batch)."""
+        try:
+            document = self._store_document(upload, tenant)
+        except OSError as exc:  # reading the file (the blob store raises BlobStoreError)
+            return ConfigurationError(f"cannot read {exc.filename or 'the document'}: {exc.strerror or exc}")
+        except ValueError as exc:  # an empty tenant or document id, attributes that are not str -> str
+            return ConfigurationError(str(exc))
+        except InvalidEventError as exc:
+            return exc
+        record = document.record
+        try:
+            future = self.publish_async(DOC_UPLOADED_EVENT, record, topic=topic)
+        except (InvalidEventError, SchemaError) as exc:  # the record, not the producer
+            return exc
+
+        def timed_out(timeout: float, exc: TimeoutError) -> PublishTimeout:
+            error = self._timed_out(DOC_UPLOADED_EVENT, record, topic, timeout)
+            error.__cause__ = exc
+            return error
+
+        return Sent(future, document.published, timed_out)
+
+    def _store_document(self, upload: DocumentUpload, tenant: str) -> _StoredDocument:
+        """Read and check a document, store its content, and build its doc.uploaded record."""
+        content, name = self._read_document(upload.data)
+        content_type = upload.content_type or guess_content_type(content, name)
+        # Checked before anything is stored.
+        self._check_document(content, name, tenant, upload.document_id, content_type)
         stored = self._require_blobs().put_content(content)
         traceparent = new_traceparent(self._random_bytes)
         record = doc_uploaded_record(
-            document_id=new_document_id(self._random_bytes) if document_id is None else document_id,
+            document_id=new_document_id(self._random_bytes)
+            if upload.document_id is None
+            else upload.document_id,
             tenant=tenant,
             content=stored,
             content_type=content_type,
             uploaded_at=self._clock(),
             traceparent=traceparent,
-            attributes=attributes,
-            source=source,
+            attributes=upload.attributes,
+            source=upload.source,
         )
-        delivery = self.publish(DOC_UPLOADED_EVENT, record, topic=topic, timeout=timeout)
-        return PublishedDocument(
-            document_id=record["document_id"],
-            tenant=tenant,
-            content_sha256=stored.sha256,
-            size_bytes=stored.size,
-            content_type=record["content_type"],
-            blob_uri=stored.uri,
-            stored=stored.created,
-            traceparent=traceparent,
-            delivery=delivery,
-        )
+        return _StoredDocument(record, stored, traceparent)
 
     # -- servicing, checks and shutdown -------------------------------------------------
 
@@ -402,6 +492,17 @@ class Publisher:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _read_document(self, data: bytes | Path) -> tuple[bytes, str | None]:
+        """The document's bytes and file name; a file over the size limit is refused unread."""
+        if not isinstance(data, Path):
+            return data, None
+        self._check_size(data.stat().st_size, f"document {data.name}")
+        return data.read_bytes(), data.name
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size > self._limits.max_bytes:
+            raise InvalidEventError(f"{what}: {size} bytes > the limit of {self._limits.max_bytes}")
+
     def _check_document(
         self, content: bytes, name: str | None, tenant: str, document_id: str | None, content_type: str
     ) -> None:
@@ -410,8 +511,7 @@ class Publisher:
         what = f"document {name or document_id or ''}".strip()
         if not content:
             raise InvalidEventError(f"{what} is empty: there is nothing in it to process")
-        if len(content) > self._limits.max_bytes:
-            raise InvalidEventError(f"{what}: {len(content)} bytes > the limit of {self._limits.max_bytes}")
+        self._check_size(len(content), what)
         validation.content_type(content_type, what)
         validation.tenant(tenant, what)
         if document_id is not None:
@@ -422,7 +522,7 @@ class Publisher:
         if err is not None:
             self._failed_count += 1
             if len(self._failed) < _KEPT_FAILURES:
-                self._failed.append(delivery_error(err, msg))
+                self._failed.append(delivery_error(err, msg.topic()))
 
     def _raise_unwatched_failures(self) -> None:
         if not self._failed_count:

@@ -27,6 +27,7 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from docstream.errors import SchemaError
 from schemas import avro
+from schemas.compiled import Write, compile_writer
 from schemas.guard import Guard, compile_guard
 
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
@@ -53,6 +54,12 @@ class SchemaVersion:
     """The single-object encoding prefix: C3 01 and the fingerprint, 8 bytes little-endian."""
     guard: Guard | None
     """Refuses the values fastavro's writer would coerce silently (see schemas.guard)."""
+
+    @functools.cached_property
+    def write(self) -> Write | None:
+        """The compiled writer of this schema (see schemas.compiled), made on first use, once per
+        process; None where the schema has constructs only fastavro writes."""
+        return compile_writer(self.parsed, self.parsed["__named_schemas"])
 
     @property
     def record_name(self) -> str:

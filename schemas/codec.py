@@ -12,6 +12,10 @@ Both write with the latest version of an event type and read into the latest ver
 older one, when asked), by Avro schema resolution. Records are plain dicts; timestamp fields
 take timezone-aware datetimes or epoch milliseconds and come back as aware UTC datetimes.
 
+Records are written by the schema's compiled writer (`schemas.compiled`, made once per schema),
+which takes the common case, exactly typed records, and leaves anything else to the checked path
+it replaced, `schemas.guard` and fastavro's writer: the same bytes either way, and the same errors.
+
 Errors are docstream's: `SchemaError` when a record does not fit its schema on encode,
 `DecodeError` (carrying the event's coordinates, e.g. "doc.uploaded[3]@1234") when bytes cannot
 be decoded. fastavro's exceptions never escape.
@@ -74,23 +78,45 @@ def check_record(writer: SchemaVersion, record: Mapping[str, Any]) -> None:
         writer.guard(record, "")
 
 
+def compiled_write(writer: SchemaVersion, record: Mapping[str, Any], prefix: bytes) -> bytes | None:
+    """`prefix` and the datum, by the compiled writer; None where it leaves the record to the
+    checked path (which writes the same bytes, or raises the error it always raised)."""
+    write = writer.write
+    if write is None:
+        return None
+    try:
+        return write(record, prefix)
+    except Exception:  # anything the compiled writer does not take on exactly
+        return None
+
+
+def checked_write(writer: SchemaVersion, record: Mapping[str, Any], prefix: bytes) -> bytes:
+    """`prefix` and the datum, by the guard and fastavro's writer: the reference path, and the one
+    every error of an encode comes from."""
+    check_record(writer, record)
+    out = io.BytesIO()
+    out.write(prefix)
+    try:
+        # strict_allow_default: refuse unknown fields, and missing fields that have no default.
+        schemaless_writer(out, writer.parsed, record, strict_allow_default=True)
+    except Exception as exc:  # fastavro raises ValueError, TypeError, OverflowError ...
+        raise SchemaError(f"{writer.label}: record does not fit the schema: {exc}") from exc
+    return out.getvalue()
+
+
 class SingleObjectCodec:
     """Avro single-object encoding, writer schemas found by fingerprint in the catalog."""
 
     def __init__(self, schema_catalog: Catalog | None = None) -> None:
         self._catalog = schema_catalog or catalog()
+        self._latest: dict[str, SchemaVersion] = {}  # the catalog does not change
 
     def encode(self, event_type: str, record: Mapping[str, Any], *, topic: str | None = None) -> bytes:
-        writer = self._catalog.latest(event_type)
-        check_record(writer, record)
-        out = io.BytesIO()
-        out.write(writer.header)
-        try:
-            # strict_allow_default: refuse unknown fields, and missing fields that have no default.
-            schemaless_writer(out, writer.parsed, record, strict_allow_default=True)
-        except Exception as exc:  # fastavro raises ValueError, TypeError, OverflowError ...
-            raise SchemaError(f"{writer.label}: record does not fit the schema: {exc}") from exc
-        return out.getvalue()
+        writer = self._latest.get(event_type)
+        if writer is None:
+            writer = self._latest[event_type] = self._catalog.latest(event_type)
+        data = compiled_write(writer, record, writer.header)
+        return checked_write(writer, record, writer.header) if data is None else data
 
     def decode(
         self,

@@ -5,6 +5,13 @@ datum. Subjects follow the topic-name strategy (`<topic>-value`); the topic defa
 event type, which is the topic's name in docstream's topology. The schemas written are the
 catalog's latest versions, registered on first use unless `auto_register=False`.
 
+The first record of each event type and topic goes through the serializer, which registers the
+schema (or looks it up) and learns its id; when the schema's compiled writer
+(`schemas.compiled`) wrote that record's very datum, the 5-byte header the serializer put in
+front of it is kept, and later records are written as that header plus the compiled datum (the
+serializer keeps its ids for the life of the process too). Records the compiled writer leaves
+alone still go through the serializer, as every record did before.
+
 This is the one module that imports `confluent_kafka.schema_registry`; its exceptions are
 translated here. A schema id the registry does not know is a `DecodeError` (the event is
 poison); a registry that cannot be reached is a plain `SchemaError`, so that a consumer does not
@@ -27,7 +34,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from docstream.errors import ConfigurationError, DecodeError, SchemaError
 from schemas.catalog import SINGLE_OBJECT_MARKER, Catalog, SchemaVersion, catalog
-from schemas.codec import CONFLUENT_MAGIC, check_record
+from schemas.codec import CONFLUENT_MAGIC, check_record, compiled_write
 
 CONFLUENT_HEADER_SIZE = 5
 HTTP_NOT_FOUND = 404
@@ -59,6 +66,7 @@ class RegistryCodec:
             raise ConfigurationError(f"schema registry client for {url!r} is not usable: {exc}") from exc
         self._serializers: dict[str, Any] = {}
         self._deserializers: dict[tuple[str, int], Any] = {}
+        self._headers: dict[tuple[str, str], bytes] = {}  # (event type, topic) -> magic byte and id
 
     @property
     def client(self) -> SchemaRegistryClient:
@@ -66,9 +74,29 @@ class RegistryCodec:
         return self._client
 
     def encode(self, event_type: str, record: Mapping[str, Any], *, topic: str | None = None) -> bytes:
+        topic = topic or event_type
+        header = self._headers.get((event_type, topic))
+        if header is not None:
+            data = compiled_write(self._catalog.latest(event_type), record, header)
+            if data is not None:
+                return data
+        data = self._serialize(event_type, record, topic)
+        if header is None:
+            self._learn_header(event_type, record, topic, data)
+        return data
+
+    def _learn_header(self, event_type: str, record: Mapping[str, Any], topic: str, data: bytes) -> None:
+        """Keep the serializer's header when the compiled writer wrote the datum after it."""
+        datum = compiled_write(self._catalog.latest(event_type), record, b"")
+        if datum is None or len(data) != CONFLUENT_HEADER_SIZE + len(datum):
+            return
+        if data[:1] == CONFLUENT_MAGIC and data.endswith(datum):
+            self._headers[(event_type, topic)] = data[:CONFLUENT_HEADER_SIZE]
+
+    def _serialize(self, event_type: str, record: Mapping[str, Any], topic: str) -> bytes:
         writer = self._catalog.latest(event_type)
         check_record(writer, record)
-        context = SerializationContext(topic or event_type, MessageField.VALUE)
+        context = SerializationContext(topic, MessageField.VALUE)
         try:
             data = self._serializer(writer)(dict(record), context)
         except SchemaRegistryError as exc:

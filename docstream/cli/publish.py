@@ -4,23 +4,33 @@ One event per file, keyed by its document id (a fresh UUID, or `--document-id` f
 file); the same content is stored once however often it is published. The command fails
 fast, with a clear message, when the broker does not answer or the topic does not exist,
 instead of waiting for librdkafka's delivery timeout.
+
+The files go through `Publisher.publish_documents`: up to `--in-flight` of them sent and not yet
+acknowledged at a time (each one's content stored before its event is sent), and each one's own
+outcome reported. A file refused for itself (unreadable, empty, too large, a type no stage reads)
+is reported and the others are published; a failure of the blob store or the broker stops the
+command, the files after it are reported as not published. Any of those exits 2.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from docstream import validation
 from docstream.cli._common import console, print_json, reports_errors, settings
-from docstream.errors import BrokerError, ConfigurationError, DocstreamError
+from docstream.errors import BrokerError
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from infra.broker import port_answers
+from producers.batch import DEFAULT_MAX_IN_FLIGHT, DocumentOutcome, DocumentUpload
 from producers.publisher import PublishedDocument, Publisher
 
 CLI_PRODUCER_OVERRIDES = {
@@ -52,28 +62,67 @@ def publish(
         str | None, typer.Option("--content-type", help="MIME type; default: guessed from bytes and name")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
+    in_flight: Annotated[
+        int,
+        typer.Option(
+            "--in-flight", min=1, help="files sent and not yet acknowledged at a time (1: one at a time)"
+        ),
+    ] = DEFAULT_MAX_IN_FLIGHT,
 ) -> None:
     """Store documents in the blob store and publish a doc.uploaded event for each."""
     if document_id is not None and len(files) != 1:
         raise typer.BadParameter(
             f"names one document, but {len(files)} files were given", param_hint="'--document-id'"
         )
+    if content_type is not None:  # every file's: refused once, not once per file
+        validation.content_type(content_type, "--content-type")
     s = settings()
-    published: list[tuple[Path, PublishedDocument]] = []
-    try:
-        with _publisher(s) as publisher:
-            publisher.check_topic(topic, timeout=TOPIC_CHECK_TIMEOUT_S)
-            for path in _progress(files, enabled=not json_out):
-                doc = _publish_file(publisher, path, tenant, topic, document_id, content_type)
-                published.append((path, doc))
-    except DocstreamError:
-        if published and not json_out:  # show what did make it before the error is reported
-            console.print(_summary_table(topic, published))
-        raise
+    uploads = [DocumentUpload(path, content_type=content_type, document_id=document_id) for path in files]
+    with _publisher(s) as publisher:
+        publisher.check_topic(topic, timeout=TOPIC_CHECK_TIMEOUT_S)
+        with _progress(files, enabled=not json_out) as advance:
+            outcomes = publisher.publish_documents(
+                uploads, tenant=tenant, topic=topic, max_in_flight=in_flight, on_outcome=advance
+            )
+    report = _Report(topic, files, outcomes)
     if json_out:
-        print_json(_as_json(topic, published))
+        print_json(report.as_json())
     else:
-        console.print(_summary_table(topic, published))
+        report.print()
+    if report.failed or report.not_attempted:
+        raise typer.Exit(2)
+
+
+class _Report:
+    """The outcomes of one command, by file: published, failed (with the reason), not attempted."""
+
+    def __init__(self, topic: str, files: list[Path], outcomes: list[DocumentOutcome]) -> None:
+        self.topic = topic
+        self.published = [(f, o.published) for f, o in zip(files, outcomes, strict=True) if o.published]
+        self.failed = [(f, str(o.error)) for f, o in zip(files, outcomes, strict=True) if o.error]
+        self.not_attempted = [f for f, o in zip(files, outcomes, strict=True) if o.status == "not attempted"]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "documents": [_row(path, doc) for path, doc in self.published],
+            "failed": [{"file": str(path), "error": error} for path, error in self.failed],
+            "not_attempted": [str(path) for path in self.not_attempted],
+            "totals": _totals(self.published),
+        }
+
+    def print(self) -> None:
+        """The table of what was published, then a line per file that was not."""
+        if self.published or not self.failed:
+            console.print(_summary_table(self.topic, self.published))
+        for path, error in self.failed:
+            where = "" if path.name in error else f"{path}: "
+            console.print(f"[red]error:[/red] {escape(where + error)}")
+        if self.not_attempted:
+            console.print(
+                f"[red]error:[/red] {len(self.not_attempted)} files not published: publishing stopped"
+                " at the error above"
+            )
 
 
 def _publisher(s: Settings) -> Publisher:
@@ -86,36 +135,21 @@ def _publisher(s: Settings) -> Publisher:
     return Publisher.from_settings(s, overrides=CLI_PRODUCER_OVERRIDES)
 
 
-def _publish_file(
-    publisher: Publisher,
-    path: Path,
-    tenant: str,
-    topic: str,
-    document_id: str | None,
-    content_type: str | None,
-) -> PublishedDocument:
-    try:
-        return publisher.publish_document(
-            path, tenant=tenant, topic=topic, document_id=document_id, content_type=content_type
-        )
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # an empty --tenant or --document-id
-        raise ConfigurationError(str(exc)) from exc
-
-
-def _progress(files: list[Path], *, enabled: bool) -> Iterator[Path]:
-    """The files, with a progress bar on the terminal unless output is JSON."""
+@contextmanager
+def _progress(files: list[Path], *, enabled: bool) -> Iterator[Callable[[DocumentOutcome], None]]:
+    """A callback for each outcome: a progress bar on the terminal unless output is JSON."""
     if not enabled:
-        yield from files
+        yield lambda outcome: None
         return
     columns = (TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("", total=len(files))
-        for path in files:
-            progress.update(task, description=path.name)
-            yield path
-            progress.advance(task)
+        done = iter(files)
+
+        def advance(outcome: DocumentOutcome) -> None:
+            progress.update(task, description=next(done).name, advance=1)
+
+        yield advance
 
 
 def _row(path: Path, doc: PublishedDocument) -> dict[str, Any]:
@@ -140,14 +174,6 @@ def _totals(published: list[tuple[Path, PublishedDocument]]) -> dict[str, int]:
         "bytes": sum(doc.size_bytes for _, doc in published),
         "stored": stored,
         "deduplicated": len(published) - stored,
-    }
-
-
-def _as_json(topic: str, published: list[tuple[Path, PublishedDocument]]) -> dict[str, Any]:
-    return {
-        "topic": topic,
-        "documents": [_row(path, doc) for path, doc in published],
-        "totals": _totals(published),
     }
 
 

@@ -16,6 +16,21 @@ learns every event's fate:
   linger 5 ms, lz4; its default partitioner is murmur2, as ours), its defaults otherwise
   (max_batch_size 16 KiB).
 
+Records (`publish_async`): the same n doc.uploaded records (distinct document ids), each
+encoded per event, onto a fresh topic per side and round:
+
+- raw: the hand-written loop for records, fastavro's `schemaless_writer` (schema parsed once)
+  after the single-object header into a BytesIO, then the raw loop above (the same bytes);
+- ours: `Publisher.publish_async(record)`, one future per event, all checked after the flush
+  (it validates each upload and encodes it through the schema's compiled writer).
+
+Documents (`docstream publish`): 1,000 small text files (distinct contents) published by the
+command, as a person runs it (a child process: start-up, topic check, reading, storing,
+producing, every acknowledgement, the JSON report), each run into a fresh blob store and onto a
+fresh topic; documents/s is 1,000 / the command's wall time. The baseline is the same command
+with `--in-flight 1`: one document at a time, each waiting for its acknowledgement (linger
+included) before the next starts, as the command published before; ours is its default.
+
 A round times one run of each side, the order alternating between rounds so that noise on a
 shared machine hits all alike; each side's median over the rounds is compared. Every
 producer is warmed up (producer id, metadata) before its clock starts.
@@ -24,28 +39,49 @@ producer is warmed up (producer id, metadata) before its clock starts.
 from __future__ import annotations
 
 import asyncio
+import io
+import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]  # no py.typed
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # no __all__
+from fastavro import schemaless_writer
 
+from producers.batch import DEFAULT_MAX_IN_FLIGHT
+from producers.events import DOC_UPLOADED_EVENT
 from producers.publisher import Publisher
+from schemas.catalog import catalog
 from schemas.codec import make_codec
 
 PARTITIONS = 12
+CLI_FILES = 1_000
+CLI_ROUNDS = 3
+CLI_TARGET = 3.0  # the issue's: docstream publish of 1,000 small files >= 3x the one-at-a-time rate
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _event() -> bytes:
     """One encoded doc.uploaded event, as the publisher would send it."""
-    record = {
-        "document_id": uuid.uuid4().hex,
+    return make_codec(None).encode(DOC_UPLOADED_EVENT, _record(uuid.uuid4().hex))
+
+
+def _record(document_id: str) -> dict[str, Any]:
+    """A doc.uploaded record as an upstream service would publish it."""
+    return {
+        "document_id": document_id,
         "tenant": "bench",
         "content_sha256": "ab" * 32,
         "size_bytes": 123_456,
@@ -56,16 +92,16 @@ def _event() -> bytes:
         "attributes": {"origin": "bench"},
         "source": "publisher_bench",
     }
-    return make_codec(None).encode("doc.uploaded", record)
 
 
-def _fresh_topic(admin: AdminClient, bootstrap: str) -> str:
+def _fresh_topic(bootstrap: str) -> str:
     """A new topic, every partition's leader ready: one record written to each, untimed.
 
     Without it a side can meet NOT_LEADER_FOR_PARTITION retries inside its timed part (aiokafka
     did, on a topic a few milliseconds old), which would measure the broker's start-up.
     """
     topic = f"bench-publish-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
         future.result()
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
@@ -75,9 +111,10 @@ def _fresh_topic(admin: AdminClient, bootstrap: str) -> str:
     return topic
 
 
-def _raw(config: dict[str, Any], topic: str, keys: list[bytes], value: bytes) -> float:
+def _raw(config: dict[str, Any], topic: str, events: Iterable[tuple[bytes, bytes]]) -> float:
+    """The hand-written loop over (key, value) pairs; the clock runs while `events` yields them."""
     producer = Producer(config)
-    errors = 0
+    errors = count = 0
 
     def on_delivery(err: ConfluentKafkaError | None, msg: Message) -> None:
         nonlocal errors
@@ -87,7 +124,7 @@ def _raw(config: dict[str, Any], topic: str, keys: list[bytes], value: bytes) ->
     producer.produce(topic, b"warm-up", b"warm-up")
     producer.flush(30)
     started = time.perf_counter()
-    for key in keys:
+    for key, value in events:
         while True:
             try:
                 producer.produce(topic, value, key, on_delivery=on_delivery)
@@ -95,10 +132,23 @@ def _raw(config: dict[str, Any], topic: str, keys: list[bytes], value: bytes) ->
             except BufferError:
                 producer.poll(0.1)
         producer.poll(0)
+        count += 1
     producer.flush(60)
     elapsed = time.perf_counter() - started
     assert errors == 0 and len(producer) == 0, f"raw: {errors} delivery errors"
-    return len(keys) / elapsed
+    return count / elapsed
+
+
+def _fastavro_encoded(records: list[dict[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
+    """Each record's key and value as a hand-written loop encodes it: fastavro's writer (the schema
+    parsed once) after the single-object header, the bytes the codec writes."""
+    writer = catalog().latest(DOC_UPLOADED_EVENT)
+    parsed, header = writer.parsed, writer.header
+    for record in records:
+        out = io.BytesIO()
+        out.write(header)
+        schemaless_writer(out, parsed, record)
+        yield record["document_id"].encode(), out.getvalue()
 
 
 def _ours(bootstrap: str, topic: str, keys: list[bytes], value: bytes) -> float:
@@ -148,27 +198,131 @@ def _aiokafka(config: dict[str, Any], topic: str, keys: list[bytes], value: byte
     return asyncio.run(produce())
 
 
+def _publish_async(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> float:
+    with Publisher({"bootstrap.servers": bootstrap}, codec=make_codec(None)) as publisher:
+        publisher.publish_raw_async(topic, b"warm-up", b"warm-up").result(30)
+        started = time.perf_counter()
+        futures = [publisher.publish_async(DOC_UPLOADED_EVENT, record, topic=topic) for record in records]
+        publisher.flush(60)
+        eps = len(records) / (time.perf_counter() - started)
+    failed = [f for f in futures if f.exception(0) is not None]
+    assert not failed, f"publish_async: {len(failed)} delivery errors"
+    return eps
+
+
+def _cli(bootstrap: str, topic: str, files: list[Path], in_flight: int) -> float:
+    """Documents/s of one `docstream publish --json` of the files, in a child process."""
+    with tempfile.TemporaryDirectory(prefix="docstream-bench-home-") as home:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "DOCSTREAM_HOME": home,  # a fresh blob store: every file's content is stored
+        }
+        command = ["publish", "--json", "--topic", topic, "--in-flight", str(in_flight), *map(str, files)]
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", "from docstream.cli import main; main()", *command],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    totals = json.loads(done.stdout)["totals"]
+    assert totals["documents"] == totals["stored"] == len(files), totals
+    return len(files) / elapsed
+
+
+def _small_files(folder: Path) -> list[Path]:
+    files = [folder / f"doc-{i:04d}.txt" for i in range(CLI_FILES)]
+    for i, path in enumerate(files):
+        path.write_text(f"small document {i}: {uuid.uuid4().hex}\n")
+    return files
+
+
+def _median_rounds(
+    sides: dict[str, Callable[[str], float]], rounds: int, new_topic: Callable[[], str]
+) -> dict[str, float]:
+    """Each side's median over `rounds`, each run onto a fresh topic, the order of the sides
+    alternating between rounds."""
+    measured: dict[str, list[float]] = {name: [] for name in sides}
+    for round_no in range(rounds):
+        for name in list(sides) if round_no % 2 == 0 else list(reversed(sides)):
+            measured[name].append(sides[name](new_topic()))
+    return {name: statistics.median(values) for name, values in measured.items()}
+
+
+def _record_row(bootstrap: str, n: int, rounds: int, raw_bytes_eps: float) -> dict[str, Any]:
+    records = [_record(uuid.uuid4().hex) for _ in range(n)]
+    with Publisher({"bootstrap.servers": bootstrap}) as reference:
+        config = dict(reference.config)
+    medians = _median_rounds(
+        {
+            "raw": lambda topic: _raw(config, topic, _fastavro_encoded(records)),
+            "ours": lambda topic: _publish_async(bootstrap, topic, records),
+        },
+        rounds,
+        lambda: _fresh_topic(bootstrap),
+    )
+    raw, ours = medians["raw"], medians["ours"]
+    return {
+        "name": "publisher (publish_async, records)",
+        "baseline": "raw confluent-kafka Producer + fastavro schemaless_writer per record",
+        "raw_eps": round(raw),
+        "ours_eps": round(ours),
+        "ratio": round(ours / raw, 3),
+        "vs_raw_pre_encoded": round(ours / raw_bytes_eps, 3),  # the raw row's: no encoding at all
+        "events": n,
+        "rounds": rounds,
+        "figure": "median of rounds",
+    }
+
+
+def _cli_row(bootstrap: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="docstream-bench-files-") as folder:
+        files = _small_files(Path(folder))
+        medians = _median_rounds(
+            {
+                "one at a time": lambda topic: _cli(bootstrap, topic, files, 1),
+                "default": lambda topic: _cli(bootstrap, topic, files, DEFAULT_MAX_IN_FLIGHT),
+            },
+            CLI_ROUNDS,
+            lambda: _fresh_topic(bootstrap),
+        )
+    before, after = medians["one at a time"], medians["default"]
+    return {
+        "name": f"docstream publish, {CLI_FILES:,} small files (documents/s)",
+        "baseline": "the same command, --in-flight 1 (one document at a time, as before)",
+        "raw_eps": round(before, 1),
+        "ours_eps": round(after, 1),
+        "ratio": round(after / before, 2),
+        "target": CLI_TARGET,
+        "in_flight": DEFAULT_MAX_IN_FLIGHT,
+        "rounds": CLI_ROUNDS,
+        "figure": "median of rounds, the command's wall time (process start included)",
+    }
+
+
 def run(bootstrap: str, n: int = 100_000, rounds: int = 5) -> list[dict[str, Any]]:
     """Events/s of each side (median over `rounds`): ours vs raw, and ours vs aiokafka."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     value = _event()
     keys = [uuid.uuid4().hex.encode() for _ in range(n)]
     with Publisher({"bootstrap.servers": bootstrap}) as reference:
         config = dict(reference.config)  # the very settings the Publisher runs with
-    sides: dict[str, Callable[[str], float]] = {
-        "raw": lambda topic: _raw(config, topic, keys, value),
-        "ours": lambda topic: _ours(bootstrap, topic, keys, value),
-        "futures": lambda topic: _futures(bootstrap, topic, keys, value),
-        "aiokafka": lambda topic: _aiokafka(config, topic, keys, value),
-    }
-    measured: dict[str, list[float]] = {name: [] for name in sides}
-    for round_no in range(rounds):
-        order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
-        for name in order:
-            measured[name].append(sides[name](_fresh_topic(admin, bootstrap)))
-    raw, ours, futures, peer = (
-        statistics.median(measured[name]) for name in ("raw", "ours", "futures", "aiokafka")
+    medians = _median_rounds(
+        {
+            "raw": lambda topic: _raw(config, topic, zip(keys, itertools.repeat(value))),
+            "ours": lambda topic: _ours(bootstrap, topic, keys, value),
+            "futures": lambda topic: _futures(bootstrap, topic, keys, value),
+            "aiokafka": lambda topic: _aiokafka(config, topic, keys, value),
+        },
+        rounds,
+        lambda: _fresh_topic(bootstrap),
     )
+    raw, ours, futures, peer = (medians[name] for name in ("raw", "ours", "futures", "aiokafka"))
     common = {"events": n, "rounds": rounds, "event_bytes": len(value), "figure": "median of rounds"}
     return [
         {
@@ -192,4 +346,6 @@ def run(bootstrap: str, n: int = 100_000, rounds: int = 5) -> list[dict[str, Any
             "futures_vs_aiokafka": round(futures / peer, 3),
             **common,
         },
+        _record_row(bootstrap, n, rounds, raw),
+        _cli_row(bootstrap),
     ]

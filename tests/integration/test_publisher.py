@@ -18,6 +18,8 @@ from docstream.blobstore import BlobStore
 from docstream.errors import ConfigurationError, DeliveryError, KafkaError
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
+from docstream.validation import Limits
+from producers.batch import DocumentOutcome
 from producers.delivery import DeliveryFuture
 from producers.murmur2 import java_partition
 from producers.publisher import Publisher
@@ -62,6 +64,14 @@ def consume(settings: Settings, topic: str, count: int, timeout: float = 30.0) -
         consumer.close()
     assert len(messages) == count, f"read {len(messages)} of {count} events from {topic}"
     return messages
+
+
+def text_files(folder: Path, count: int, stem: str, text: str) -> list[Path]:
+    """`count` small text files `<stem>00.txt` ..., file i holding `text.format(i)`."""
+    files = [folder / f"{stem}{i:02d}.txt" for i in range(count)]
+    for i, path in enumerate(files):
+        path.write_text(text.format(i))
+    return files
 
 
 def uploaded_record(document_id: str, **changes: Any) -> dict[str, Any]:
@@ -213,6 +223,59 @@ def test_a_delivery_failure_surfaces_as_delivery_error(settings: Settings, codec
         pub.flush(timeout=30)  # reported once: the next flush is clean
 
 
+def test_a_batch_with_many_in_flight_lands_each_document_once_in_order_and_reports_each(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path, codec: Codec
+) -> None:
+    topic = new_topic(partitions=3)
+    files = text_files(tmp_path, 60, "doc", "document {}\n")
+    too_large, missing = files[17], files[42]
+    too_large.write_text("x" * 200)
+    missing.unlink()
+    blobs = BlobStore(settings.blob_root)
+    small = Limits(max_bytes=100)
+    reported: list[DocumentOutcome] = []
+    with Publisher(connection_config(settings), codec=codec, blobs=blobs, limits=small) as publisher:
+        outcomes = publisher.publish_documents(
+            files, tenant="acme", topic=topic, max_in_flight=16, on_outcome=reported.append
+        )
+    assert reported == outcomes
+    assert [o.upload.data for o in outcomes] == files
+    failed = {o.upload.data: str(o.error) for o in outcomes if o.status == "failed"}
+    assert failed == {
+        too_large: "document doc17.txt: 200 bytes > the limit of 100",
+        missing: f"cannot read {missing}: No such file or directory",
+    }
+    landed = [o.published for o in outcomes if o.published is not None]
+    assert len(landed) == 58
+    messages = consume(settings, topic, 58)
+    events = [codec.decode("doc.uploaded", m.value() or b"") for m in messages]
+    assert sorted(e["document_id"] for e in events) == sorted(d.document_id for d in landed)  # each once
+    by_id = {m.key(): (m.partition(), m.offset()) for m in messages}
+    for doc in landed:  # the acknowledgement names where the event is
+        assert by_id[doc.document_id.encode()] == (doc.delivery.partition, doc.delivery.offset)
+        assert doc.delivery.partition == java_partition(doc.document_id.encode(), 3)
+    for partition in range(3):  # each partition holds its documents in the batch's order
+        offsets = [d.delivery.offset for d in landed if d.delivery.partition == partition]
+        assert offsets == list(range(len(offsets)))
+    for event in events:  # every event points at stored content
+        assert blobs.get(event["blob_uri"]).decode().startswith("document ")
+    stored = [p for p in Path(settings.blob_root).rglob("*") if p.is_file()]
+    assert len(stored) == 58  # nothing of the refused documents
+
+
+def test_a_batch_stops_at_a_delivery_failure_and_reports_the_rest_not_attempted(
+    settings: Settings, codec: Codec
+) -> None:
+    missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
+    quick = {"message.timeout.ms": 2000}
+    blobs = BlobStore(settings.blob_root)
+    with Publisher(connection_config(settings), codec=codec, blobs=blobs, overrides=quick) as publisher:
+        documents = [f"document {i}".encode() for i in range(10)]
+        outcomes = publisher.publish_documents(documents, tenant="acme", topic=missing, max_in_flight=4)
+    assert [o.status for o in outcomes] == ["failed"] * 4 + ["not attempted"] * 6
+    assert all(isinstance(o.error, DeliveryError) for o in outcomes[:4])
+
+
 def test_check_topic_fails_fast_for_a_missing_topic_and_counts_partitions(
     publisher: Publisher, new_topic: Callable[..., str]
 ) -> None:
@@ -261,6 +324,56 @@ def test_cli_publishes_files_as_json(
     events = [codec.decode("doc.uploaded", m.value() or b"") for m in consume(settings, topic, 3)]
     assert {e["document_id"] for e in events} == {d["document_id"] for d in out["documents"]}
     assert {e["tenant"] for e in events} == {"acme"}
+
+
+def test_cli_reports_each_file_publishes_the_others_and_exits_2(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path, codec: Codec
+) -> None:
+    topic = new_topic(partitions=3)
+    files = text_files(tmp_path, 30, "f", "file {}")
+    files[3].write_bytes(b"")
+    files[20].write_text("y" * 500)
+    env = cli_env(settings) | {"DOCSTREAM_LIMITS__MAX_BYTES": "100"}
+
+    result = run_cli(["--json", "--in-flight", "8", "--topic", topic, *map(str, files)], env)
+
+    assert result.exit_code == 2, result.output
+    out = json.loads(result.stdout)
+    assert out["failed"] == [
+        {"file": str(files[3]), "error": "document f03.txt is empty: there is nothing in it to process"},
+        {"file": str(files[20]), "error": "document f20.txt: 500 bytes > the limit of 100"},
+    ]
+    assert out["not_attempted"] == []
+    assert [d["file"] for d in out["documents"]] == [str(f) for i, f in enumerate(files) if i not in (3, 20)]
+    assert out["totals"] == {
+        "documents": 28,
+        "bytes": sum(len(f"file {i}") for i in range(30) if i not in (3, 20)),
+        "stored": 28,
+        "deduplicated": 0,
+    }
+    events = [codec.decode("doc.uploaded", m.value() or b"") for m in consume(settings, topic, 28)]
+    assert sorted(e["document_id"] for e in events) == sorted(d["document_id"] for d in out["documents"])
+
+    table = run_cli(["--topic", topic, str(files[0]), str(files[3])], env)  # and for a person
+    assert table.exit_code == 2
+    assert "f03.txt is empty" in table.output and "f00.txt" in table.output
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--tenant", "no tenant"], "documents: tenant 'no tenant' is not"),
+        (["--content-type", "x/y"], "unsupported"),
+    ],
+)
+def test_cli_refuses_a_bad_option_once_and_stores_nothing(
+    settings: Settings, new_topic: Callable[..., str], tmp_path: Path, option: list[str], error: str
+) -> None:
+    files = text_files(tmp_path, 3, "f", "file {}")
+    result = run_cli(["--topic", new_topic(partitions=1), *option, *map(str, files)], cli_env(settings))
+    assert result.exit_code == 2
+    assert result.output.count("error:") == 1 and error in result.output
+    assert not (Path(settings.blob_root) / "content").exists()
 
 
 def test_cli_document_id_names_the_key(
