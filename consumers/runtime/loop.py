@@ -217,11 +217,17 @@ class Worker:
             for raw in self._consumer.consume(1, 0.05):  # paused: serves rebalances, heartbeats
                 self._rewind(raw, via_retry=False)  # fetched before the pause took effect
             return [], []
-        timeout = 0.1 if self._lanes.idle else 0.0
         try:
             # Called with no retry partition too: it serves the client's logs and errors.
             retried = self._retries.consume(room, 0)
-            fresh = self._consumer.consume(max(1, room - len(retried)), timeout)
+            room = max(1, room - len(retried))
+            fresh = self._consumer.consume(room, 0)
+            if not fresh and not retried and self._lanes.idle:
+                # Nothing fetched and nothing to do: wait for the next event. Not consume(room, t):
+                # that waits for `room` events or the whole timeout, a lone event included.
+                fresh = self._consumer.consume(1, 0.1)
+                if fresh and room > 1:
+                    fresh = [*fresh, *self._consumer.consume(room - 1, 0)]
         except KafkaException as exc:
             raise KafkaError(f"{self.group_id}: consume failed: {exc}") from exc
         return retried, fresh

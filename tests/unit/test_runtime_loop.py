@@ -137,6 +137,7 @@ class FakeConsumer:
         self.closed = False
         self.callbacks: dict[str, RebalanceCallback] = {}
         self.rebalances: list[tuple[str, list[TopicPartition]]] = []
+        self.waits: list[int] = []  # num_messages of each consume call that may block
 
     def subscribe(
         self,
@@ -156,6 +157,8 @@ class FakeConsumer:
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
         assert not self.closed
+        if timeout != 0:
+            self.waits.append(num_messages)  # librdkafka waits for this many, or the timeout
         while self.rebalances:
             name, parts = self.rebalances.pop(0)
             self.callbacks[name](self, parts)
@@ -668,3 +671,26 @@ def test_a_revoke_callback_that_fails_is_run_again_and_hands_the_partition_back(
     assert [e for e in cluster.timeline if e[0] == "unassign" and e[1] == GROUP] == [
         ("unassign", GROUP, [(SOURCE, 0)])
     ], "handed back once, at the second attempt"
+
+
+def test_an_idle_worker_waits_for_one_event_not_for_a_full_batch() -> None:
+    """consume(n, timeout) returns once it has n events or the timeout passed: an idle worker that
+    asked for a window's worth would hold a lone event up to the timeout (100 ms)."""
+    cluster = Cluster(partitions=1)
+    cluster.publish(b"k", b"first")
+    seen: list[bytes] = []
+    w = worker(cluster, lambda message, ctx: seen.append(message.value()))
+
+    idle_turns = [0]
+
+    def until(stats: RunStats) -> bool:
+        if seen == [b"first"] and stats.in_flight == 0:
+            idle_turns[0] += 1
+            if idle_turns[0] == 5:  # a few turns with nothing to do, then an event
+                cluster.publish(b"k", b"second")
+        return stats.handled == 2
+
+    run(w, until)
+    assert seen == [b"first", b"second"]
+    waits = cluster.consumers[GROUP].waits
+    assert waits and set(waits) == {1}, "every blocking consume asks for one event"
