@@ -211,6 +211,10 @@ class Worker:
     def _poll(self) -> tuple[Sequence[Consumed], Sequence[Consumed]]:
         """Retry-topic events and source events, together no more than the window has room for."""
         room = self._flow.room(self._offsets.in_flight)
+        if 0 < room < self._flow.max_in_flight // 8 and not self._lanes.idle:
+            # A few slots free while handlers run: fetch once more are. A poll per finished unit of
+            # work would take the interpreter lock from the handler threads for a handful of events.
+            return [], []
         if room <= 0:
             if not self._flow.paused:
                 return [], []  # full for a moment: let the lanes catch up (consumers.runtime.flow)
