@@ -1,0 +1,8 @@
+"""The front door (issue 13): an HTTP ingest API in front of the publisher.
+
+Built so far, each usable on its own:
+
+outbox.py  a durable local outbox (SQLite, fsync'd): events accepted while the broker cannot be
+           reached, relayed in order once it returns
+keys.py    API keys per tenant, stored hashed; `docstream api keys` creates, lists and revokes them
+"""
