@@ -248,48 +248,59 @@ class Worker:
     def _admit(self, messages: Sequence[Consumed], via_retry: bool) -> None:
         """Cut the batch into runs of a segment per partition and hand it to the lanes' schedule."""
         segments: dict[TP, Segment] = {}
-        runs: list[tuple[Segment, list[Consumed]]] = []
-        keys: list[bytes | None] = []
+        runs: list[tuple[Segment, Sequence[Consumed]]] = []
         one_topic = via_retry or len(self.topics) == 1  # a run then ends only where its partition does
         segment: Segment | None = None
-        run: list[Consumed] = []
-        run_partition, run_topic, room = -1, "", 0
-        for raw in messages:
+        start, end = -1, 0  # the open run: messages[start:...], at most up to `end` (-1: none open)
+        run_partition, run_topic = -1, ""
+        for i, raw in enumerate(messages):
             error = raw.error()
             if error is not None and self._skip(error):
+                if start >= 0 and segment is not None:  # the run ends before it
+                    runs.append((segment, self._close(segment, messages[start:i])))
+                    start = -1
                 continue
             # A client returns runs of one partition: look the segment up only when a run ends.
             partition = raw.partition()
-            if partition != run_partition or not room or (not one_topic and raw.topic() != run_topic):
-                if segment is not None:
-                    segment.pending += len(run)
-                    segment.last = run[-1].offset()
+            if (
+                start < 0
+                or partition != run_partition
+                or i >= end
+                or (not one_topic and raw.topic() != run_topic)
+            ):
+                if start >= 0 and segment is not None:
+                    runs.append((segment, self._close(segment, messages[start:i])))
+                    start = -1
                 topic = raw.topic()
                 segment = self._segment(segments, (topic, partition))
                 if segment is None:  # fetched just before a revoke: not ours now
                     self._rewind(raw, via_retry)
-                    run_partition = -1
                     continue
-                run = []
-                runs.append((segment, run))
-                run_partition, run_topic, room = partition, topic, FULL - segment.pending
-            run.append(raw)
-            keys.append(raw.key())
-            room -= 1
-        if segment is None:
+                start, end = i, i + FULL - segment.pending
+                run_partition, run_topic = partition, topic
+        if start >= 0 and segment is not None:
+            runs.append((segment, self._close(segment, messages[start:])))
+        if not runs:
             return
-        segment.pending += len(run)
-        segment.last = run[-1].offset()
-        self._offsets.admitted(len(keys))
-        self.stats.fetched += len(keys)
+        admitted = sum(len(run) for _, run in runs)
+        self._offsets.admitted(admitted)
+        self.stats.fetched += admitted
         if via_retry:
             for (_, number), last in segments.items():
                 self._partitions.retries_read(number, last.last + 1)
-            events = [Event(raw, seg, True) for seg, messages in runs for raw in messages]
+            events = [Event(raw, seg, True) for seg, run in runs for raw in run]
             self._lanes.admit_retried(events, self._now_ms())
         else:
+            keys = [raw.key() for _, run in runs for raw in run]
             self._lanes.admit(cast(list[SegmentRun], runs), keys)
         self._lanes.dispatch()
+
+    @staticmethod
+    def _close(segment: Segment, run: Sequence[Consumed]) -> Sequence[Consumed]:
+        """Count a run into its segment."""
+        segment.pending += len(run)
+        segment.last = run[-1].offset()
+        return run
 
     def _segment(self, segments: dict[TP, Segment], tp: TP) -> Segment | None:
         """The open segment of `tp` in this batch, or a new one; None when `tp` is not assigned."""

@@ -694,3 +694,15 @@ def test_an_idle_worker_waits_for_one_event_not_for_a_full_batch() -> None:
     assert seen == [b"first", b"second"]
     waits = cluster.consumers[GROUP].waits
     assert waits and set(waits) == {1}, "every blocking consume asks for one event"
+
+
+def test_a_batch_ending_in_a_message_of_a_partition_just_revoked_admits_the_rest() -> None:
+    """A message fetched just before its partition was revoked is rewound, not admitted; the
+    messages before it in the batch are admitted and handled all the same."""
+    cluster = Cluster(partitions=2)
+    seen: list[bytes] = []
+    w = worker(cluster, lambda message, ctx: seen.append(message.value()))
+    w.stats.assigned |= {(SOURCE, 0)}  # partition 1 is not (or no longer) this worker's
+    batch = [FakeMessage(SOURCE, 0, 0, b"a", b"a0"), FakeMessage(SOURCE, 0, 1, b"b", b"a1")]
+    w._admit([*batch, FakeMessage(SOURCE, 1, 7, b"c", b"gone")], via_retry=False)
+    assert seen == [b"a0", b"a1"] and w.stats.fetched == 2 and w.stats.rewound == 1
