@@ -156,6 +156,17 @@ class ScalingSettings(BaseModel):
     saturation_backlog_s: float = Field(default=5.0, ge=0)
 
 
+class ApiSettings(BaseModel):
+    """The HTTP ingest API (producers/api, issue 13): so far, where its keys are kept."""
+
+    model_config = ConfigDict(frozen=True)
+
+    keys_db: Path | None = Field(
+        default=None,
+        description="the API key store (SQLite, hashed; `docstream api keys`); unset: <home>/api/keys.db",
+    )
+
+
 class Settings(BaseSettings):
     """Everything a docstream process can be told from outside."""
 
@@ -167,7 +178,9 @@ class Settings(BaseSettings):
         populate_by_name=True,  # Settings(bootstrap_servers=...) works as well as the env aliases
     )
 
-    home: Path = Field(default=Path(".docstream"), description="local state: broker data, logs, blobs")
+    home: Path = Field(
+        default=Path(".docstream"), description="local state: broker data, logs, blobs, API keys"
+    )
     bootstrap_servers: str | None = Field(
         default=None,
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "DOCSTREAM_BOOTSTRAP_SERVERS"),
@@ -209,6 +222,7 @@ class Settings(BaseSettings):
     warehouse: WarehouseSettings = WarehouseSettings()
     analytics: AnalyticsSettings = AnalyticsSettings()
     scaling: ScalingSettings = ScalingSettings()
+    api: ApiSettings = ApiSettings()
 
     @property
     def blob_root(self) -> str:
@@ -217,6 +231,10 @@ class Settings(BaseSettings):
     @property
     def warehouse_url(self) -> str:
         return self.warehouse.url or f"chdb://{(self.home / 'warehouse').resolve()}"
+
+    @property
+    def api_keys_db(self) -> Path:
+        return (self.api.keys_db or self.home / "api" / "keys.db").resolve()
 
     @property
     def uses_local_broker(self) -> bool:
