@@ -28,7 +28,9 @@ rollup count. Relaying is at least once on purpose; it is not made exactly once.
 
 The relay thread logs one WARNING line when the broker stops acknowledging ("unreachable ...;
 N records wait") and one INFO line when relaying works again; never a line per attempt (as
-docstream.kafka.connection's `ConnectionWatch` does for the workers).
+docstream.kafka.connection's `ConnectionWatch` does for the workers). librdkafka prints its own
+line per failed connect on stderr unless the publisher is given a logger: build it with
+`overrides={"logger": ConnectionWatch(name).client_config()["logger"]}` to keep those at DEBUG.
 
     outbox = Outbox(home / "outbox" / "outbox.db", max_records=100_000)
     outbox.put("doc.uploaded", key, value, [("traceparent", b"00-...")])
