@@ -17,6 +17,8 @@ errors in `docstream.kafka.errors` (`translate`), for every module that calls co
     ├── SchemaError               an .avsc file is invalid or a schema is unknown
     │   └── DecodeError           an event's bytes cannot be decoded (carries coordinates)
     ├── BlobStoreError            the blob store could not read or write an object
+    ├── OutboxError               the local outbox could not store or read a record
+    │   └── OutboxFull            the outbox holds its most records: refuse (503, Retry-After)
     └── HandlerError              raised by a stage handler to classify a failure
         ├── TransientError        worth retrying (via the group's retry topic)
         └── PermanentError        never worth retrying (straight to the dead-letter topic)
@@ -89,6 +91,20 @@ class DecodeError(SchemaError):
 
 class BlobStoreError(DocstreamError):
     """The blob store could not read or write an object."""
+
+
+class OutboxError(DocstreamError):
+    """The local outbox (`producers.api.outbox`) could not store or read a record."""
+
+
+class OutboxFull(OutboxError):
+    """The outbox already holds its `max_records` records waiting for the broker: nothing more is
+    accepted until the relay has moved some (an HTTP front door answers 503 with Retry-After).
+    `depth` is how many records wait, `retry_after_s` a suggested wait before trying again."""
+
+    def __init__(self, message: str, *, depth: int = 0, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.depth, self.retry_after_s = depth, retry_after_s
 
 
 class HandlerError(DocstreamError):

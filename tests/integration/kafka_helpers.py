@@ -58,10 +58,17 @@ def value_of(message: Message) -> bytes:
 def private_broker(work_dir: Path, partitions: int) -> Iterator[LocalBroker]:
     """A broker of the caller's own on free loopback ports, with docstream's declared topics: for
     tests that stop or restart the broker, or must not see the session broker's other topics."""
+    with own_broker(work_dir) as broker:
+        ensure_topics({"bootstrap.servers": broker.bootstrap}, declared_topics(partitions))
+        yield broker
+
+
+@contextmanager
+def own_broker(work_dir: Path) -> Iterator[LocalBroker]:
+    """A started broker of the caller's own on free loopback ports, without topics; stopped after."""
     broker = LocalBroker(work_dir, broker_port=free_port(), controller_port=free_port())
     broker.start(timeout=90)
     try:
-        ensure_topics({"bootstrap.servers": broker.bootstrap}, declared_topics(partitions))
         yield broker
     finally:
         broker.stop(timeout=15)
