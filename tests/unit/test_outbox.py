@@ -2,7 +2,7 @@
 
 Order, durability across a reopen, capacity, concurrent puts, headers, file permissions; relaying
 stops at the first failed delivery and resumes from it in order; the relay thread logs an outage
-once and its end once. The real broker is in tests/integration/test_outbox.py.
+once and its end once. The real broker is in tests/integration/test_outbox_relay.py.
 """
 
 from __future__ import annotations
