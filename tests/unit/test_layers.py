@@ -129,3 +129,10 @@ def test_the_lag_model_imports_no_kafka_client() -> None:
     )
     assert loaded.stdout.strip() == "False"
     assert not any("confluent_kafka" in path.read_text() for path in paths)
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    """pytest imports test modules by basename (no packages under tests/): two `test_x.py` in
+    different folders stop the whole run at collection."""
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
