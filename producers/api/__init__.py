@@ -5,4 +5,6 @@ Built so far, each usable on its own:
 outbox.py  a durable local outbox (SQLite, fsync'd): events accepted while the broker cannot be
            reached, relayed in order once it returns
 keys.py    API keys per tenant, stored hashed; `docstream api keys` creates, lists and revokes them
+admission.py  admission control: a predicted wait per partition from the lag monitor's samples,
+           an objective (bulk refused first), a token bucket per tenant, an honest Retry-After
 """
