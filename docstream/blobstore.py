@@ -58,7 +58,7 @@ class BlobStore:
             if self._local:
                 root = os.path.realpath(root)  # symlinks in the root itself are the operator's
                 os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)
-                _make_private(root)
+                make_private(root)
             else:
                 self._fs.makedirs(root.rstrip("/"), exist_ok=True)
         except OSError as exc:
@@ -231,11 +231,22 @@ def _makedirs_private(root: str, path: str) -> None:
             os.mkdir(current, PRIVATE_DIR)
 
 
-def _make_private(root: str) -> None:
-    """Close a local root that others can read (only one of ours: someone else's is left alone)."""
-    info = os.stat(root)
+def make_private(path: str | os.PathLike[str]) -> None:
+    """Close a local file or folder that others can read (only one of ours: someone else's is left
+    alone)."""
+    info = os.stat(path)
     if info.st_mode & 0o077 and info.st_uid == os.getuid():
-        os.chmod(root, stat.S_IMODE(info.st_mode) & ~0o077)
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
+
+
+def private_file(path: str | os.PathLike[str]) -> None:
+    """Create `path`'s folder 0700 and the file 0600, as the blob store keeps its own (a local
+    SQLite store's: SQLite gives its -wal and -shm files the database file's permissions); close
+    existing ones of ours that others can read."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=PRIVATE_DIR, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+    make_private(os.path.dirname(os.path.abspath(path)))
+    make_private(path)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

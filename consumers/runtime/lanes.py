@@ -1,12 +1,12 @@
-"""Key-ordered concurrency: the handler threads, taking scheduled work.
+"""Key-ordered concurrency: the handler threads, fed by the loop from the key schedule.
 
-`concurrency` handler threads share one `KeySchedule` (consumers.runtime.schedule) under one
-lock: the loop admits the events it fetched, and any free thread takes the next events whose
-keys have nothing in flight, runs them in order, and hands back what it did (a `LaneReport`,
-through the loop's settle queue) as it takes its next share. A key belongs to a thread only
-while the thread runs its events; events of one key keep their order, different keys run in
-parallel, however many partitions there are. With `concurrency` 1 the loop's own thread runs
-the events (a thread hand-off would cost more than a fast handler's work).
+The loop admits the events it fetched to one `KeySchedule` (consumers.runtime.schedule), which
+only its thread touches, and gives each free handler thread the next events whose keys have
+nothing in flight; the thread runs them in order and hands back what it did (a `LaneReport`,
+through the loop's settle queue). A key belongs to a thread only while the thread runs its
+events; events of one key keep their order, different keys run in parallel, however many
+partitions there are. With `concurrency` 1, or a handler measured faster than a thread
+hand-off, the loop's own thread runs the events.
 
 A key is *parked* when its event went to the retry topic: its later events wait (other keys go
 on) until the retried event comes back from the retry topic and is handled, or is dead-lettered

@@ -27,8 +27,8 @@ waits for the running units; a lone lane runs in the loop's thread). A block is 
 run is not split between threads: one longer than a share is taken whole (up to `MAX_UNIT_S`
 of work; the rest then waits behind it).
 
-No threads or Kafka here: `consumers.runtime.lanes` runs the handler threads around it, under
-one lock.
+No threads or Kafka here: `consumers.runtime.lanes` runs the handler threads around it; only
+the loop's thread calls it.
 """
 
 from __future__ import annotations
@@ -189,9 +189,6 @@ class KeySchedule:
         while delayed and delayed[0][0] <= now_ms:
             self._urgent(heapq.heappop(delayed)[2])
 
-    def next_due_ms(self) -> int | None:
-        return self.delayed[0][0] if self.delayed else None
-
     def rehandle(self, event: Event) -> None:
         """`event` failed and its retry / dead-letter record was not stored: run it again now,
         first of its key; the key stops waiting for its retries."""
@@ -349,11 +346,6 @@ class KeySchedule:
     @property
     def parked_keys(self) -> set[OrderingKey]:
         return set(self.parked)
-
-    @property
-    def idle(self) -> bool:
-        """Nothing ready and nothing running (parked keys and delayed retries may wait)."""
-        return not self.ready and not self.running
 
     def quick(self) -> bool:
         """Whether all that is ready is less than UNIT_S of work at the time per event measured

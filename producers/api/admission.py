@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -170,9 +170,6 @@ class AdmissionControl:
             bucket.tokens -= 1
             return 0.0
         return (1 - bucket.tokens) / quota.rate_per_s
-
-    def partitions(self) -> Iterable[tuple[int, PartitionWait]]:
-        return sorted(self._waits.items())
 
 
 def _predicted_wait(lag: int, completion_rate: float | None) -> float | None:

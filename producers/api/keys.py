@@ -25,11 +25,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import sqlite3
-import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import Final
 
 from docstream import validation
+from docstream.blobstore import private_file
 from docstream.errors import ConfigurationError, InvalidEventError
 
 PREFIX: Final = "dsk_"
@@ -45,8 +44,6 @@ KEY_ID_HEX: Final = 16  # 64 bits: an id, not a secret (listed, shown in logs of
 SECRET_BYTES: Final = 32
 MAX_LABEL_CHARS: Final = 200
 LAST_USED_EVERY_S: Final = 60.0
-PRIVATE_DIR: Final = 0o700
-PRIVATE_FILE: Final = 0o600
 
 _SECRET_CHARS: Final = len(secrets.token_urlsafe(SECRET_BYTES))  # 43
 _KEY_CHARS: Final = len(PREFIX) + KEY_ID_HEX + 1 + _SECRET_CHARS
@@ -123,10 +120,7 @@ class KeyStore:
         self.path = Path(path)
         self._clock = clock
         try:
-            self.path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-            _close_to_others(self.path.parent)
-            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, PRIVATE_FILE))
-            _close_to_others(self.path)
+            private_file(self.path)
         except OSError as exc:
             raise ConfigurationError(f"cannot create the API key store {self.path}: {exc}") from exc
         with self._connect() as db:
@@ -237,13 +231,6 @@ class KeyStore:
 
 def _hash(key: str) -> bytes:
     return hashlib.sha256(key.encode("ascii")).digest()
-
-
-def _close_to_others(path: Path) -> None:
-    """Take group and other permissions off a file or folder of ours (someone else's: left alone)."""
-    info = path.stat()
-    if info.st_mode & 0o077 and info.st_uid == os.getuid():
-        path.chmod(stat.S_IMODE(info.st_mode) & ~0o077)
 
 
 def _info(row: tuple[str, str, str | None, int, int | None, int | None]) -> KeyInfo:

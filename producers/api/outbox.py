@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
-import stat
 import struct
 import threading
 import time
@@ -54,13 +52,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from docstream.blobstore import private_file
 from docstream.errors import DeliveryError, KafkaError, OutboxError, OutboxFull
 from producers.publisher import Headers
 
 log = logging.getLogger(__name__)
 
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
 DEFAULT_BATCH = 256
 Header = tuple[str, bytes]
 
@@ -135,7 +132,7 @@ class Outbox:
         self._in_flight: list[tuple[int, DeliveryOutcome]] = []  # (seq, outcome), in seq order
         self.wake = threading.Event()  # set by put: records wait
         try:
-            _private_file(self.path)
+            private_file(self.path)
             self._db = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
@@ -431,14 +428,3 @@ def _decode_headers(blob: bytes | None) -> tuple[Header, ...]:
         headers.append((name, data[at + 4 : at + 4 + size]))
         at += 4 + size
     return tuple(headers)
-
-
-def _private_file(path: Path) -> None:
-    """Create `path`'s folder 0700 and the file 0600 (closing ones of ours that others can read).
-    SQLite gives the -wal and -shm files the database file's permissions."""
-    os.makedirs(path.parent, mode=PRIVATE_DIR, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
-    for target in (path.parent, path):
-        info = os.stat(target)
-        if info.st_mode & 0o077 and info.st_uid == os.getuid():
-            os.chmod(target, stat.S_IMODE(info.st_mode) & ~0o077)
