@@ -99,7 +99,7 @@ class BlobStore:
         """Store document bytes under content/<aa>/<sha256>, once per distinct content."""
         digest = hashlib.sha256(data).hexdigest()
         rel = f"content/{digest[:2]}/{digest}"
-        created = self._write_once(rel, data)
+        created = self._write_once(rel, data, durable=True)
         return StoredContent(digest, self.uri(rel), len(data), created)
 
     def result_path(self, stage: str, key: str, suffix: str = "json") -> str:
@@ -199,7 +199,10 @@ class BlobStore:
         finally:
             os.unlink(tmp)
 
-    def _write_once(self, rel: str, data: bytes) -> bool:
+    def _write_once(self, rel: str, data: bytes, *, durable: bool = False) -> bool:
+        """Write `data` under `rel` unless something is there. `durable` (a document's content, which
+        an accepted upload's event names): on a local disk the file and its folder are fsync'd
+        before this returns, so a crash right after cannot leave an event pointing at nothing."""
         final = f"{self._root}/{rel}"
         try:
             if self._fs.exists(final):
@@ -210,7 +213,13 @@ class BlobStore:
                 _makedirs_private(self._root, parent)
                 with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
                     f.write(data)
-                return self._link_once(tmp, final)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                created = self._link_once(tmp, final)
+                if durable:
+                    _fsync_dir(parent)
+                return created
             self._fs.makedirs(parent, exist_ok=True)
             with self._fs.open(tmp, "wb") as f:
                 f.write(data)
@@ -219,6 +228,14 @@ class BlobStore:
             return True
         except OSError as exc:
             raise BlobStoreError(f"cannot write {final}: {exc}") from exc
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _makedirs_private(root: str, path: str) -> None:

@@ -157,14 +157,39 @@ class ScalingSettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
-    """The HTTP ingest API (producers/api, issue 13): so far, where its keys are kept."""
+    """The HTTP ingest API (producers/api, `docstream api serve`; docs/api.md)."""
 
     model_config = ConfigDict(frozen=True)
 
+    host: str = Field(default="127.0.0.1", description="the address `docstream api serve` listens on")
+    port: int = Field(default=8080, ge=0, le=65535, description="its port; 0: any free port, printed")
     keys_db: Path | None = Field(
         default=None,
         description="the API key store (SQLite, hashed; `docstream api keys`); unset: <home>/api/keys.db",
     )
+    state_dir: Path | None = Field(
+        default=None,
+        description="the API's documents registry and outbox (SQLite); unset: <home>/api",
+    )
+    import_roots: tuple[str, ...] = Field(
+        default=(),
+        description="roots a JSON upload's URI may name, as <root>/<tenant>/...; unset: <home>/inbox",
+    )
+    objective_s: float = Field(
+        default=60.0, gt=0, description="admit a document while its predicted wait is at most this (s)"
+    )
+    bulk_share: float = Field(
+        default=0.5, gt=0, le=1, description="bulk documents are refused above this share of the objective"
+    )
+    quota_rate_per_s: float = Field(default=50.0, gt=0, description="each tenant's documents per second")
+    quota_burst: float = Field(default=200.0, ge=1, description="each tenant's documents at once")
+    outbox_max_records: int = Field(
+        default=100_000, ge=1, description="events kept while the broker is away; then 503"
+    )
+    publish_timeout_s: float = Field(
+        default=2.0, gt=0, description="wait this long for the broker's acknowledgement, then use the outbox"
+    )
+    refresh_s: float = Field(default=2.0, gt=0, description="how often the lag behind admission is sampled")
 
 
 class Settings(BaseSettings):
@@ -235,6 +260,14 @@ class Settings(BaseSettings):
     @property
     def api_keys_db(self) -> Path:
         return (self.api.keys_db or self.home / "api" / "keys.db").resolve()
+
+    @property
+    def api_state_dir(self) -> Path:
+        return (self.api.state_dir or self.home / "api").resolve()
+
+    @property
+    def api_import_roots(self) -> tuple[str, ...]:
+        return self.api.import_roots or (str((self.home / "inbox").resolve()),)
 
     @property
     def uses_local_broker(self) -> bool:

@@ -131,6 +131,8 @@ class Outbox:
         self._relay_lock = threading.Lock()
         self._in_flight: list[tuple[int, DeliveryOutcome]] = []  # (seq, outcome), in seq order
         self.wake = threading.Event()  # set by put: records wait
+        # Told (sequence number, the delivery's result) of each acknowledged record, before it is deleted.
+        self.on_relayed: Callable[[int, object], None] | None = None
         try:
             private_file(self.path)
             self._db = sqlite3.connect(
@@ -228,15 +230,19 @@ class Outbox:
         """Delete the acknowledged prefix of the records in flight (see relay_once)."""
         acked = 0
         failure: DeliveryError | None = None
+        results: list[tuple[int, object]] = []
         try:
-            for _, outcome in self._in_flight:
-                outcome.result(max(0.0, deadline - time.monotonic()))
+            for seq, outcome in self._in_flight:
+                results.append((seq, outcome.result(max(0.0, deadline - time.monotonic()))))
                 acked += 1
         except TimeoutError:
             pass
         except DeliveryError as exc:
             failure = exc
         if acked:
+            if self.on_relayed is not None:  # before the deletion: a crash between them tells it again
+                for seq, result in results:
+                    self.on_relayed(seq, result)
             self._delete_through(self._in_flight[acked - 1][0])
         if failure is not None:
             self._in_flight = []  # all sent again from the failed one; later acks become duplicates

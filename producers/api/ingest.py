@@ -1,0 +1,279 @@
+"""Accepting one document at the front door: check, admit, store, publish (or keep in the outbox), record.
+
+`Ingest.accept` does, in this order, and answers nothing before the last step:
+
+1. **check** what was sent, before anything is stored: not empty and at most `limits.max_bytes`
+   (413), a content type docstream reads, sniffed from the bytes (the caller's claim is not
+   trusted; 415), and the limits every stage applies, pages and pixels (`consumers.pages.
+   inspect_document`; 422): a document the workers would dead-letter is refused at the door;
+2. **deduplicate**: the same tenant's same content (sha256) has one document id; posting it
+   again answers that id and publishes nothing, unless `reprocess` asks for a new upload of it;
+3. **admit** (`producers.api.admission`): the predicted wait on the partition the document's key
+   lands on, and the tenant's quota; a refusal is a `Refused` 429 with Retry-After;
+4. **store** the content in the blob store (under its sha256, fsync'd) and build the
+   doc.uploaded record (its trace context from the request, `producers.api.trace`);
+5. **deliver**: produce the event and wait for the broker's acknowledgement (acks=all) at most
+   `publish_timeout_s`; when it does not come (or records already wait in the outbox, whose
+   order must hold), put the very same bytes in the outbox (fsync'd) instead. An event that was
+   sent but not acknowledged in time may still land, and then once more from the outbox: the
+   same record byte for byte, which docstream's consumers count once. A full outbox is a
+   `Refused` 503 with Retry-After;
+6. **record** it in the registry (producers.api.registry): id, partition, offset or outbox seq.
+
+Uploads of the same tenant's same content are serialised (a striped lock), so two racing posts
+get one id. A JSON upload names a URI instead of sending bytes: it must lie under an import root,
+in the tenant's own folder (`<root>/<tenant>/...`), and passes the blob store's confinement
+rules (`BlobStore.resolve`: scheme, canonical path, no symlink out of the root) before a byte is
+read; it is then read, at most `max_bytes + 1` bytes, and checked like an upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.pages import inspect_document
+from docstream import validation
+from docstream.blobstore import BlobStore
+from docstream.errors import (
+    BlobStoreError,
+    DeliveryError,
+    DocstreamError,
+    InvalidEventError,
+    KafkaError,
+    OutboxFull,
+    PermanentError,
+    UnsafeReferenceError,
+)
+from docstream.topology import DOC_UPLOADED, UPLOAD_EVENT
+from docstream.validation import Limits, validate_upload
+from producers.api.admission import Admission, AdmissionControl, Priority
+from producers.api.outbox import Outbox, OutboxRelay
+from producers.api.registry import DocumentRow, Registry
+from producers.api.trace import TraceContext
+from producers.delivery import DeliveryResult
+from producers.events import doc_uploaded_record, guess_content_type, new_document_id
+from producers.murmur2 import java_partition
+from producers.publisher import Publisher
+from schemas.codec import Codec
+
+OUTBOX_FULL_RETRY_S = 5
+_STRIPES = 64
+
+
+class Refused(Exception):
+    """An upload the API refuses: the HTTP status, the JSON body and extra response headers."""
+
+    def __init__(self, status: int, error: str, *, headers: Mapping[str, str] | None = None, **body: Any):
+        super().__init__(error)
+        self.status = status
+        self.body: dict[str, Any] = {"error": error, **body}
+        self.headers = dict(headers or {})
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An upload the API answered 202 for."""
+
+    row: DocumentRow
+    deduplicated: bool  # the tenant's content was known: nothing was published
+    admission: Admission | None  # None when deduplicated
+
+    @property
+    def state(self) -> str:
+        return "relayed" if self.row.offset is not None else "outbox"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What a request asks for: bytes (or a URI read into them), and how to treat them."""
+
+    tenant: str
+    content: bytes
+    name: str | None
+    priority: Priority
+    reprocess: bool
+    attributes: Mapping[str, str]
+    trace: TraceContext
+
+
+class Ingest:
+    """The front door's work per request (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        blobs: BlobStore,
+        codec: Codec,
+        publisher: Publisher,
+        outbox: Outbox,
+        relay: OutboxRelay | None,
+        registry: Registry,
+        admission: AdmissionControl,
+        partitions: Callable[[], int],
+        limits: Limits,
+        import_roots: tuple[str, ...],
+        publish_timeout_s: float,
+        topic: str = DOC_UPLOADED,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.blobs, self.codec, self.publisher = blobs, codec, publisher
+        self.outbox, self.relay, self.registry = outbox, relay, registry
+        self.admission, self.partitions, self.limits = admission, partitions, limits
+        self.topic, self.publish_timeout_s = topic, publish_timeout_s
+        self._roots = tuple(BlobStore(root) for root in import_roots)
+        self._clock, self._random_bytes = clock, random_bytes
+        self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
+
+    # -- reading a URI --------------------------------------------------------------------
+
+    def read_uri(self, tenant: str, uri: str) -> tuple[bytes, str]:
+        """The bytes a JSON upload's URI names, when it lies in the tenant's folder of an import
+        root; `Refused` 400 otherwise (413 when it is larger than the limit)."""
+        if not isinstance(uri, str) or len(uri) > 4096:
+            raise Refused(400, "uri must be a string of at most 4096 characters")
+        reasons = []
+        for root in self._roots:
+            try:
+                path = root.resolve(uri)
+            except UnsafeReferenceError as exc:
+                reasons.append(str(exc))
+                continue
+            own = root.resolve(root.uri(f"{tenant}/x")).rsplit("/", 1)[0] + "/"
+            if not path.startswith(own):
+                raise Refused(400, f"{uri!r} is not in this tenant's folder of the import root ({own})")
+            try:
+                data = root.get(uri, limit=self.limits.max_bytes + 1)
+            except BlobStoreError as exc:
+                raise Refused(400, f"cannot read {uri!r}: {_first_line(exc)}") from None
+            return data, path.rsplit("/", 1)[-1]
+        raise Refused(
+            400,
+            f"{uri!r} is not inside an import root: {'; '.join(reasons) or 'no import root is configured'}",
+        )
+
+    # -- accepting ------------------------------------------------------------------------
+
+    def accept(self, upload: Upload) -> Accepted:
+        """Check, deduplicate, admit, store, deliver and record one upload (module docstring)."""
+        content = upload.content
+        self._check_size(len(content))
+        digest = hashlib.sha256(content).hexdigest()
+        with self._stripes[hash((upload.tenant, digest)) % _STRIPES]:
+            known = self.registry.find(upload.tenant, digest)
+            if known is not None and not upload.reprocess:
+                return Accepted(known, deduplicated=True, admission=None)
+            content_type = self._check_content(content, upload.name)
+            document_id = known.document_id if known is not None else new_document_id(self._random_bytes)
+            partition = java_partition(document_id.encode(), self.partitions())
+            admission = self.admission.decide(upload.tenant, partition, upload.priority)
+            if not admission.admitted:
+                raise Refused(
+                    429,
+                    f"too many requests: {admission.reason}",
+                    headers={"Retry-After": str(admission.retry_after_s)},
+                    **{k: v for k, v in admission.body().items() if k != "error"},
+                    reason=admission.reason,
+                )
+            stored = self.blobs.put_content(content)
+            uploaded_at = self._clock()
+            record = doc_uploaded_record(
+                document_id=document_id,
+                tenant=upload.tenant,
+                content=stored,
+                content_type=content_type,
+                uploaded_at=uploaded_at,
+                traceparent=upload.trace.traceparent,
+                tracestate=upload.trace.tracestate,
+                attributes=upload.attributes,
+                source="api",
+            )
+            validate_upload(record, self.limits)
+            value = self.codec.encode(UPLOAD_EVENT, record, topic=self.topic)
+            delivered, seq = self._deliver(document_id.encode(), value, upload.trace.kafka_headers())
+            row = DocumentRow(
+                document_id=document_id,
+                tenant=upload.tenant,
+                content_sha256=stored.sha256,
+                size_bytes=stored.size,
+                content_type=content_type,
+                blob_uri=stored.uri,
+                uploaded_at_ms=math.floor(uploaded_at.timestamp() * 1000),
+                traceparent=upload.trace.traceparent,
+                request_id=upload.trace.request_id,
+                priority=upload.priority.value,
+                topic=self.topic,
+                partition=delivered.partition if delivered is not None else partition,
+                offset=delivered.offset if delivered is not None else None,
+                outbox_seq=seq,
+                uploads=1,
+                accepted_at_ms=math.floor(self._clock().timestamp() * 1000),
+            )
+            if known is None:
+                row = self.registry.add(row)
+            else:
+                self.registry.reuploaded(row)
+                row = self.registry.get(document_id) or row
+        return Accepted(row, deduplicated=False, admission=admission)
+
+    def _deliver(
+        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> tuple[DeliveryResult | None, int | None]:
+        """(the broker's acknowledgement, None) or (None, the outbox sequence number)."""
+        if self.outbox.depth == 0 and (self.relay is None or self.relay.down_since is None):
+            try:
+                future = self.publisher.publish_raw_async(self.topic, key, value, list(headers))
+                return future.result(self.publish_timeout_s), None
+            except (TimeoutError, DeliveryError, KafkaError):
+                pass  # the outbox takes it: the same bytes, relayed in order
+        try:
+            return None, self.outbox.put(self.topic, key, value, headers)
+        except OutboxFull as exc:
+            raise Refused(
+                503,
+                "the broker cannot be reached and the outbox is full",
+                headers={"Retry-After": str(OUTBOX_FULL_RETRY_S)},
+                outbox_depth=exc.depth,
+                retry_after_s=OUTBOX_FULL_RETRY_S,
+            ) from None
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _check_size(self, size: int) -> None:
+        if size == 0:
+            raise Refused(400, "the document is empty: there is nothing in it to process")
+        if size > self.limits.max_bytes:
+            raise Refused(
+                413,
+                f"the document is larger than the limit of {self.limits.max_bytes} bytes",
+                max_bytes=self.limits.max_bytes,
+            )
+
+    def _check_content(self, content: bytes, name: str | None) -> str:
+        content_type = guess_content_type(content, name)
+        try:
+            validation.content_type(content_type, "the document")
+        except InvalidEventError as exc:
+            raise Refused(415, str(exc), content_type=content_type) from None
+        try:
+            inspect_document(content, content_type, self.limits)
+        except PermanentError as exc:
+            raise Refused(
+                422, f"the document cannot be processed: {_first_line(exc)}", content_type=content_type
+            ) from None
+        except DocstreamError as exc:
+            raise Refused(
+                422, f"the document cannot be read: {_first_line(exc)}", content_type=content_type
+            ) from None
+        return content_type
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:500]
