@@ -1,4 +1,5 @@
-"""`docstream api keys create|list|revoke`: the HTTP ingest API's keys, per tenant (issue 13).
+"""`docstream api serve` runs the HTTP ingest API; `docstream api keys create|list|revoke` manage its
+keys, per tenant (producers/api, docs/api.md).
 
 The keys live in `producers.api.keys.KeyStore`, at `DOCSTREAM_API__KEYS_DB` (default
 `<home>/api/keys.db`), hashed. `create` prints a new key once: it cannot be shown again. `list`
@@ -8,6 +9,8 @@ error (exit 2), one revoked before is said so (exit 0).
 
 from __future__ import annotations
 
+import logging
+import sys
 from datetime import datetime
 from typing import Annotated
 
@@ -16,17 +19,48 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from docstream.cli._common import print_json, reports_errors, settings
+from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 from producers.api.keys import KeyInfo, KeyStore
 
-app = typer.Typer(no_args_is_help=True, help="The HTTP ingest API: its keys.")
+app = typer.Typer(no_args_is_help=True, help="The HTTP ingest API: serve it, manage its keys.")
 keys = typer.Typer(no_args_is_help=True, help="API keys per tenant: create, list and revoke them.")
 app.add_typer(keys, name="keys")
 
 NOT_AGAIN = "This key cannot be shown again: store it now (docstream keeps only its hash)."
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")]
+
+
+@app.command()
+@reports_errors
+def serve(
+    host: Annotated[str | None, typer.Option(help="listen address [DOCSTREAM_API__HOST, 127.0.0.1]")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="port; 0: any free one [DOCSTREAM_API__PORT, 8080]")
+    ] = None,
+) -> None:
+    """Serve the ingest API until SIGTERM / SIGINT (requests in progress finish first)."""
+    from docstream.kafka.connection import shown_on
+    from producers.api.server import bind, server, url_of
+    from producers.api.service import ApiService
+
+    s = settings()
+    sock = bind(host or s.api.host, s.api.port if port is None else port)
+    service = ApiService.from_settings(s)
+    uv = server(service, sock)
+    console.print(
+        f"api: {url_of(sock)} (OpenAPI {url_of(sock)}/docs, health {url_of(sock)}/health);"
+        f" keys {s.api_keys_db}; state {s.api_state_dir}; Ctrl-C stops"
+    )
+    api_log = logging.getLogger("producers.api")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    api_log.addHandler(handler)
+    api_log.setLevel(logging.INFO)
+    with shown_on(sys.stderr), service:
+        uv.run(sockets=[sock])
+    console.print("api: stopped")
 
 
 def _store() -> KeyStore:

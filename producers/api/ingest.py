@@ -40,7 +40,7 @@ from typing import Any
 
 from consumers.pages import inspect_document
 from docstream import validation
-from docstream.blobstore import BlobStore
+from docstream.blobstore import BlobStore, StoredContent
 from docstream.errors import (
     BlobStoreError,
     DeliveryError,
@@ -49,6 +49,7 @@ from docstream.errors import (
     KafkaError,
     OutboxFull,
     PermanentError,
+    SchemaError,
     UnsafeReferenceError,
 )
 from docstream.topology import DOC_UPLOADED, UPLOAD_EVENT
@@ -184,19 +185,10 @@ class Ingest:
                 )
             stored = self.blobs.put_content(content)
             uploaded_at = self._clock()
-            record = doc_uploaded_record(
-                document_id=document_id,
-                tenant=upload.tenant,
-                content=stored,
-                content_type=content_type,
-                uploaded_at=uploaded_at,
-                traceparent=upload.trace.traceparent,
-                tracestate=upload.trace.tracestate,
-                attributes=upload.attributes,
-                source="api",
-            )
-            validate_upload(record, self.limits)
-            value = self.codec.encode(UPLOAD_EVENT, record, topic=self.topic)
+            try:
+                _, value = self._record(document_id, upload, stored, content_type, uploaded_at)
+            except (InvalidEventError, SchemaError, ValueError) as exc:
+                raise Refused(400, f"the upload is not valid: {_first_line(exc)}") from None
             delivered, seq = self._deliver(document_id.encode(), value, upload.trace.kafka_headers())
             row = DocumentRow(
                 document_id=document_id,
@@ -222,6 +214,29 @@ class Ingest:
                 self.registry.reuploaded(row)
                 row = self.registry.get(document_id) or row
         return Accepted(row, deduplicated=False, admission=admission)
+
+    def _record(
+        self,
+        document_id: str,
+        upload: Upload,
+        stored: StoredContent,
+        content_type: str,
+        uploaded_at: datetime,
+    ) -> tuple[dict[str, Any], bytes]:
+        """The doc.uploaded record, checked as every consumer checks it, and its encoded bytes."""
+        record = doc_uploaded_record(
+            document_id=document_id,
+            tenant=upload.tenant,
+            content=stored,
+            content_type=content_type,
+            uploaded_at=uploaded_at,
+            traceparent=upload.trace.traceparent,
+            tracestate=upload.trace.tracestate,
+            attributes=upload.attributes,
+            source="api",
+        )
+        validate_upload(record, self.limits)
+        return record, self.codec.encode(UPLOAD_EVENT, record, topic=self.topic)
 
     def _deliver(
         self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]

@@ -1,0 +1,233 @@
+"""The API's parts, wired from the settings, and their background threads.
+
+`ApiService.from_settings(settings)` builds, under the API's state folder (`<home>/api` unless
+`DOCSTREAM_API__STATE_DIR`): the key store, the documents registry, the outbox and its relay,
+the publisher, admission control fed by the cluster watch, the tracker, and the `Ingest` steps.
+`start()` starts the threads (cluster watch, outbox relay, tracker); `close()` stops them and
+flushes the publisher. The HTTP app (producers.api.app) only calls into this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from consumers.ops.lag.monitor import LagMonitor
+from consumers.warehouse.query_client import find_owner, open_for_queries
+from consumers.warehouse.query_server import data_dir
+from docstream.blobstore import BlobStore
+from docstream.errors import ConfigurationError
+from docstream.kafka.config import connection_config
+from docstream.kafka.connection import ConnectionWatch
+from docstream.settings import Settings
+from docstream.topology import ANALYTICS, DOC_UPLOADED, STAGE_NAMES, group_id
+from docstream.validation import Limits
+from producers.api.admission import AdmissionControl, Quota
+from producers.api.ingest import Ingest
+from producers.api.keys import KeyStore
+from producers.api.outbox import Outbox, OutboxRelay
+from producers.api.registry import Registry
+from producers.api.tracker import Tracker
+from producers.api.watch import ClusterWatch
+from producers.delivery import DeliveryResult
+from producers.publisher import Publisher
+from schemas.codec import make_codec
+
+log = logging.getLogger(__name__)
+
+WAREHOUSE_CHECK_S = 10.0
+GROUPS: tuple[str, ...] = (*STAGE_NAMES, ANALYTICS)
+"""The groups every uploaded document goes through (short names)."""
+
+
+@dataclass
+class ApiService:
+    """Everything the HTTP app calls into (see the module docstring)."""
+
+    settings: Settings
+    keys: KeyStore
+    registry: Registry
+    outbox: Outbox
+    relay: OutboxRelay
+    publisher: Publisher
+    admission: AdmissionControl
+    watch: ClusterWatch
+    tracker: Tracker
+    ingest: Ingest
+    blobs: BlobStore
+    groups: dict[str, str]  # short name -> group id
+    _warehouse_seen: tuple[float, dict[str, Any]] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, state_dir: Path | None = None) -> ApiService:
+        api = settings.api
+        state = state_dir or settings.api_state_dir
+        connection = connection_config(settings)
+        groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
+        keys = KeyStore(settings.api_keys_db)
+        registry = Registry(state / "documents.db")
+        outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
+        watch_log = ConnectionWatch("api producer")
+        publisher = Publisher.from_settings(
+            settings, linger_ms=1, overrides={"logger": watch_log.client_config()["logger"]}
+        )
+        relay = OutboxRelay(outbox, publisher, name="api outbox relay")
+
+        def relayed(seq: int, result: object) -> None:
+            if isinstance(result, DeliveryResult):
+                registry.relayed(seq, result.partition, result.offset)
+
+        outbox.on_relayed = relayed
+        admission = AdmissionControl(
+            objective_s=api.objective_s,
+            groups=tuple(groups.values()),
+            default_quota=Quota(api.quota_rate_per_s, api.quota_burst),
+            bulk_share=api.bulk_share,
+        )
+        monitor = LagMonitor.from_settings(settings, groups=list(groups.values()), request_timeout_s=5.0)
+        watch = ClusterWatch(
+            monitor,
+            admission,
+            topic=DOC_UPLOADED,
+            groups=tuple(groups.values()),
+            connection=connection,
+            default_partitions=settings.topic_partitions,
+            refresh_s=api.refresh_s,
+        )
+        codec = make_codec(settings.schema_registry_url)
+        tracker = Tracker(settings, registry)
+        blobs = BlobStore(settings.blob_root)
+        ingest = Ingest(
+            blobs=blobs,
+            codec=codec,
+            publisher=publisher,
+            outbox=outbox,
+            relay=relay,
+            registry=registry,
+            admission=admission,
+            partitions=lambda: watch.view().partitions,
+            limits=Limits.from_settings(settings),
+            import_roots=settings.api_import_roots,
+            publish_timeout_s=api.publish_timeout_s,
+        )
+        return cls(
+            settings,
+            keys,
+            registry,
+            outbox,
+            relay,
+            publisher,
+            admission,
+            watch,
+            tracker,
+            ingest,
+            blobs,
+            groups,
+        )
+
+    def start(self) -> ApiService:
+        self.watch.start()
+        self.relay.start()
+        self.tracker.start()
+        return self
+
+    def close(self) -> None:
+        self.tracker.stop()
+        self.relay.stop()
+        self.watch.stop()
+        try:
+            self.publisher.close(timeout=5.0)
+        except Exception as exc:  # events not acknowledged are in the outbox or answered 503 already
+            log.warning("api: closing the producer: %s", exc)
+        self.outbox.close()
+        self.registry.close()
+
+    def __enter__(self) -> ApiService:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def health(self) -> dict[str, Any]:
+        """What GET /health answers (see producers.api.app)."""
+        view = self.watch.view()
+        snapshot = view.snapshot
+        groups: dict[str, Any] = {}
+        for name, gid in self.groups.items():
+            entry: dict[str, Any] = {"group_id": gid, "lag": None, "time_lag_s": None, "status": "UNKNOWN"}
+            if snapshot is not None:
+                found = next((g for g in snapshot.groups if g.group == gid), None)
+                if found is not None:
+                    entry.update(
+                        lag=found.lag,
+                        time_lag_s=found.max_time_lag_s,
+                        status=found.status.name,
+                        members=found.members,
+                        completion_rate=found.completion_rate,
+                    )
+            entry["dead_letters_last_hour"] = view.dead_letters_last_hour.get(gid)
+            groups[name] = entry
+        depth = self.outbox.depth
+        return {
+            "broker": {
+                "reachable": view.reachable,
+                "error": view.error,
+                "sampled_at": view.sampled_at,
+                "outbox_relay_down_since": self.relay.down_since,
+            },
+            "warehouse": self._warehouse(),
+            "admission": {
+                "has_data": self.admission.has_data,
+                "note": None
+                if self.admission.has_data
+                else "no lag sample yet: every document is admitted (quotas apply)",
+                "objective_s": self.admission.objective_s,
+            },
+            "outbox": {
+                "depth": depth,
+                "max_records": self.outbox.max_records,
+                "full": depth >= self.outbox.max_records,
+            },
+            "groups": groups,
+        }
+
+    def _warehouse(self) -> dict[str, Any]:
+        """Whether the warehouse answers, asked at most every WAREHOUSE_CHECK_S: an embedded (chDB) one
+        through the query endpoint of the process that owns it (consumers.warehouse.query_server;
+        never opened here, which would take it from its owner), a server by its URL."""
+        now = time.monotonic()
+        if self._warehouse_seen is not None and now - self._warehouse_seen[0] < WAREHOUSE_CHECK_S:
+            return self._warehouse_seen[1]
+        url = self.settings.warehouse_url
+        answer: dict[str, Any] = {"url": _redacted(url)}
+        try:
+            directory = data_dir(url)
+            if directory is not None:
+                owner = find_owner(directory)
+                if owner is None:
+                    raise ConfigurationError(f"no running process serves the embedded warehouse {directory}")
+                try:
+                    owner.query("SELECT 1")
+                finally:
+                    owner.close()
+            else:
+                with open_for_queries(url) as client:
+                    client.query("SELECT 1")
+            answer["reachable"] = True
+        except Exception as exc:
+            answer.update(reachable=False, error=(str(exc).splitlines() or [type(exc).__name__])[0][:300])
+        self._warehouse_seen = (now, answer)
+        return answer
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
