@@ -12,12 +12,12 @@
    lands on, and the tenant's quota; a refusal is a `Refused` 429 with Retry-After;
 4. **store** the content in the blob store (under its sha256, fsync'd) and build the
    doc.uploaded record (its trace context from the request, `producers.api.trace`);
-5. **deliver**: produce the event and wait for the broker's acknowledgement (acks=all) at most
-   `publish_timeout_s`; when it does not come (or records already wait in the outbox, whose
-   order must hold), put the very same bytes in the outbox (fsync'd) instead. An event that was
-   sent but not acknowledged in time may still land, and then once more from the outbox: the
-   same record byte for byte, which docstream's consumers count once. A full outbox is a
-   `Refused` 503 with Retry-After;
+5. **deliver**: produce the event and wait for the broker's acknowledgement (acks=all); the
+   API's producer gives an event up after `publish_timeout_s` (its `message.timeout.ms`). When no
+   acknowledgement comes (or records already wait in the outbox, whose order must hold), the very
+   same bytes go to the outbox (fsync'd) instead. Only an event the broker stored while its
+   acknowledgement was lost lands twice: the same record byte for byte, which docstream's
+   consumers count once. A full outbox is a `Refused` 503 with Retry-After;
 6. **record** it in the registry (producers.api.registry): id, partition, offset or outbox seq.
 
 Uploads of the same tenant's same content are serialised (a striped lock), so two racing posts
@@ -245,7 +245,8 @@ class Ingest:
         if self.outbox.depth == 0 and (self.relay is None or self.relay.down_since is None):
             try:
                 future = self.publisher.publish_raw_async(self.topic, key, value, list(headers))
-                return future.result(self.publish_timeout_s), None
+                # The producer gives up at publish_timeout_s (message.timeout.ms); a little more here.
+                return future.result(self.publish_timeout_s + 1.0), None
             except (TimeoutError, DeliveryError, KafkaError):
                 pass  # the outbox takes it: the same bytes, relayed in order
         try:

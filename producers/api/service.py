@@ -72,8 +72,17 @@ class ApiService:
         registry = Registry(state / "documents.db")
         outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
         watch_log = ConnectionWatch("api producer")
+        # An event the broker did not take within publish_timeout_s fails for good (message.timeout.ms)
+        # rather than being retried by the producer in the background: it goes to the outbox, and a
+        # copy delivered late cannot follow it onto the topic (unless the broker stored it and its
+        # acknowledgement was lost: then the copy is identical, and consumers count it once).
         publisher = Publisher.from_settings(
-            settings, linger_ms=1, overrides={"logger": watch_log.client_config()["logger"]}
+            settings,
+            linger_ms=1,
+            overrides={
+                "logger": watch_log.client_config()["logger"],
+                "message.timeout.ms": max(1000, int(api.publish_timeout_s * 1000)),
+            },
         )
         relay = OutboxRelay(outbox, publisher, name="api outbox relay")
 
