@@ -8,6 +8,7 @@ that every group dead-letters with its reason.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from docstream.settings import Settings
@@ -49,12 +50,16 @@ def sample_documents() -> list[Sample]:
 BROKEN_EVENT = b"\x00\x00this is not an Avro single-object event"
 
 
-def publish_samples(settings: Settings) -> tuple[list[tuple[str, PublishedDocument]], str]:
-    """The sample documents, published (name, what was published); and the key of an
-    undecodable event sent after them, which every group dead-letters."""
+def publish_samples(
+    settings: Settings, skip: Collection[str] = ()
+) -> tuple[list[tuple[str, PublishedDocument]], str]:
+    """The sample documents (but those named in `skip`), published (name, what was published); and
+    the key of an undecodable event sent after them, which every group dead-letters."""
     published = []
     with Publisher.from_settings(settings) as publisher:
         for sample in sample_documents():
+            if sample.name in skip:
+                continue
             doc = publisher.publish_document(
                 sample.content,
                 tenant=sample.tenant,

@@ -16,6 +16,10 @@ import json
 import logging
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +64,10 @@ from docstream.topology import (
 )
 from infra import broker as local_broker
 from infra.topics import ensure_topics
+from producers.api.keys import KeyStore
+from producers.delivery import DeliveryResult
 from producers.publisher import PublishedDocument
-from producers.samples import publish_samples
+from producers.samples import publish_samples, sample_documents
 
 
 def register(app: typer.Typer) -> None:
@@ -93,11 +99,21 @@ def up(
         help="with --autoscale: most processes per group, also capped by the partitions "
         "[DOCSTREAM_SCALING__MAX_REPLICAS]",
     ),
+    api_port: int | None = typer.Option(
+        None,
+        "--api-port",
+        min=0,
+        max=65535,
+        help="the ingest API's port on DOCSTREAM_API__HOST (127.0.0.1); 0: any free "
+        "[DOCSTREAM_API__PORT, 8080]",
+    ),
+    api: bool = typer.Option(True, "--api/--no-api", help="serve the HTTP ingest API (docs/api.md)"),
 ) -> None:
     """The worker groups and the warehouse sink in this process, until SIGTERM / SIGINT.
 
     The same as `demo` without the sample documents: in embedded mode this process owns chDB. The
-    analytics worker runs as a child process, and the lag exporter serves the groups' metrics.
+    analytics worker runs as a child process, the lag exporter serves the groups' metrics, and the
+    HTTP ingest API (`docstream api serve`) takes uploads, unless --no-api.
     With --autoscale the ocr, embeddings and thumbnails groups run as `docstream worker` child
     processes instead of threads, as many per group as the scaling policy asks for (docs/operations.md).
     """
@@ -111,8 +127,13 @@ def up(
         serve_queries(warehouse),
         analytics_worker(s) as analytics,
         serve_exporter(s, host="127.0.0.1", port=exporter_port) as exporter,
+        _serve_api(s, api, api_port) as api_url,
     ):
         warehouse.migrate(DDL_DIR)
+        if api_url is not None:
+            console.print(
+                f"up: ingest API on {api_url} (OpenAPI {api_url}/docs; `docstream api keys create`)"
+            )
         if scaling is not None:
             _up_autoscaled(s, scaling, warehouse, analytics, exporter.url)
         else:
@@ -128,6 +149,20 @@ def up(
             with sink:
                 run_until_signalled(members, analytics)
     console.print("up: stopped; offsets committed")
+
+
+@contextmanager
+def _serve_api(s: Settings, enabled: bool, port: int | None) -> Iterator[str | None]:
+    """The ingest API in a thread of this process for the block (its URL), or nothing."""
+    if not enabled:
+        yield None
+        return
+    from producers.api.server import serve_in_thread
+    from producers.api.service import ApiService
+
+    port = s.api.port if port is None else port
+    with serve_in_thread(ApiService.from_settings(s), s.api.host, port) as served:
+        yield served.url
 
 
 def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int | None) -> ScalingConfig:
@@ -232,21 +267,101 @@ def demo(
         warehouse.migrate(DDL_DIR)
         workers = [build_worker(name, s) for name in WORKER_GROUPS]
         sink, sink_worker = build_sink(s, warehouse)
-        progress.update(task, description="publishing the sample documents")
-        published, undecodable = publish_samples(s)
-        ids = {doc.document_id for _, doc in published}
-        rollups = RollupWait(s, warehouse, analytics, ids, started_ms)
-        with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown
-            run_until_caught_up(
-                s,
-                [*workers, sink_worker],
-                timeout,
-                lambda text: progress.update(task, description=text),
-                rollups,
-            )
+        progress.update(task, description="publishing the sample documents (one through the ingest API)")
+        with _serve_api(s, True, 0) as api_url:
+            assert api_url is not None
+            published, undecodable = publish_samples(s, skip={VIA_API_NAME})
+            published.append((VIA_API_NAME, _upload_through_api(s, api_url)))
+            ids = {doc.document_id for _, doc in published}
+            rollups = RollupWait(s, warehouse, analytics, ids, started_ms)
+            with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown
+                run_until_caught_up(
+                    s,
+                    [*workers, sink_worker],
+                    timeout,
+                    lambda text: progress.update(task, description=text),
+                    rollups,
+                )
+            api_status = _api_status(s, api_url, published[-1][1])
         _print_summary(s, published, undecodable, time.monotonic() - started)
+        _print_api_status(api_url, api_status)
         _print_warehouse(s, warehouse)
         _print_rollups(s, warehouse, started_ms)
+
+
+VIA_API_NAME = "annual-report.pdf"  # the sample `demo` sends through the ingest API
+
+
+def _upload_through_api(s: Settings, api_url: str) -> PublishedDocument:
+    """Send one sample through the ingest API as an upstream service would: an API key of its tenant,
+    the document in the tenant's folder of the import root, POST /v1/documents with its URI."""
+    sample = next(sample for sample in sample_documents() if sample.name == VIA_API_NAME)
+    inbox = Path(s.api_import_roots[0]) / sample.tenant
+    inbox.mkdir(parents=True, exist_ok=True)
+    path = inbox / sample.name
+    path.write_bytes(sample.content)
+    keys = KeyStore(s.api_keys_db)
+    created = keys.create(sample.tenant, label="docstream demo")
+    try:
+        body = json.dumps({"uri": path.resolve().as_uri(), "reprocess": True}).encode()
+        answer = _http(f"{api_url}/v1/documents", created.key, body)
+    finally:
+        keys.revoke(created.key_id)
+    return PublishedDocument(
+        document_id=answer["document_id"],
+        tenant=answer["tenant"],
+        content_sha256=answer["content_sha256"],
+        size_bytes=answer["size_bytes"],
+        content_type=answer["content_type"],
+        blob_uri="",
+        stored=True,
+        traceparent=answer["traceparent"],
+        delivery=DeliveryResult("doc.uploaded", answer["partition"], answer["offset"] or -1, 0, 0.0),
+    )
+
+
+def _http(url: str, key: str, body: bytes | None = None) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST" if body is not None else "GET",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ConfigurationError(f"the ingest API answered {exc.code}: {exc.read()[:300]!r}") from exc
+
+
+def _api_status(s: Settings, api_url: str, document: PublishedDocument) -> dict[str, Any]:
+    """GET /v1/documents/{id} of the document sent through the API, once its groups are done (the
+    tracker reads the completions a moment after the groups commit)."""
+    keys = KeyStore(s.api_keys_db)
+    created = keys.create(document.tenant, label="docstream demo")
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            status: dict[str, Any] = _http(f"{api_url}/v1/documents/{document.document_id}", created.key)
+            states = {g["state"] for g in status["groups"].values()}
+            if states <= {"done", "failed"} or time.monotonic() > deadline:
+                return status
+            time.sleep(0.5)
+    finally:
+        keys.revoke(created.key_id)
+
+
+def _print_api_status(api_url: str | None, status: dict[str, Any]) -> None:
+    out = Console(width=max(160, Console().width))
+    groups = ", ".join(
+        f"{name} {g['state']}" + (f" ({', '.join(sorted(g.get('links', {})))})" if g.get("links") else "")
+        for name, g in status["groups"].items()
+    )
+    out.print(
+        f"{VIA_API_NAME} went through the ingest API ({api_url}): 202, document {status['document_id'][:12]}"
+        f" at {status['partition']}@{status['offset']}, request {status['request_id'][:12]}; "
+        f"GET /v1/documents/{{id}}: {groups}"
+    )
 
 
 def _prepare(s: Settings) -> None:
