@@ -267,7 +267,8 @@ class Tracker:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     @property
     def running(self) -> bool:
@@ -327,9 +328,7 @@ class Tracker:
                             log.debug("api tracker: cannot look up its topics: %s", exc)
                             refreshed -= self.refresh_s - self.retry_s
                     self._handle(consumer.consume(self.batch_size, self.poll_s))
-                except (
-                    Exception
-                ) as exc:  # a registry error, a metadata timeout: start again from the registry
+                except Exception as exc:  # a registry error: start again from the recorded positions
                     log.debug("api tracker: %s; resuming from the recorded positions", exc, exc_info=True)
                     if consumer is not None:
                         _close(consumer)
@@ -358,11 +357,9 @@ class Tracker:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
                 continue
-            count = len(described.partitions)
-            if count > self._partitions.get(topic, 0):
-                new += [(topic, p) for p in range(self._partitions.get(topic, 0), count)]
-                self._partitions[topic] = count
+            new += [(topic, p) for p in range(self._partitions.get(topic, 0), len(described.partitions))]
         if not new:
+            self._first_start = False  # a topic created from now on is read from its beginning
             return
         starts: dict[TP, int] = {}
         for tp in new:
@@ -377,7 +374,10 @@ class Tracker:
         fresh = {tp: offset for tp, offset in starts.items() if tp not in stored}
         if fresh:
             self.registry.record((), fresh)
+        self._first_start = False  # a partition that appears later is read from its beginning
         consumer.incremental_assign([TopicPartition(t, p, starts[(t, p)]) for t, p in new])
+        for topic, partition in new:
+            self._partitions[topic] = max(self._partitions.get(topic, 0), partition + 1)
         with self._lock:
             self._positions.update(starts)
         log.debug("api tracker: following %d new partitions", len(new))

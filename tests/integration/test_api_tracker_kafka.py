@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,14 @@ from docstream.topology import (
     EMBEDDED,
     OCR_DONE,
     THUMBNAILED,
+    TopicSpec,
     dead_letter_topic,
     declared_topics,
     group_id,
     retry_topic,
 )
 from infra.broker import free_port
-from infra.topics import ensure_topics
+from infra.topics import delete_topics, ensure_topics
 from producers.api.registry import DONE, FAILED, DocumentRow, Registry
 from producers.api.tracker import Tracker
 from schemas.codec import Codec, make_codec
@@ -270,3 +272,30 @@ def test_an_unreachable_cluster_is_one_warning_and_stop_is_prompt(
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_topic_created_after_the_start_is_followed_from_its_beginning(
+    settings: Settings, connection: dict[str, Any], tmp_path: Path
+) -> None:
+    codec = make_codec(settings.schema_registry_url)
+    prefix = f"t{uuid.uuid4().hex[:8]}."  # its groups' dead-letter and retry topics do not exist yet
+    registry = Registry(tmp_path / "documents.db")
+    register(registry, "doc-c")
+    dlq = dead_letter_topic(group_id("thumbnails", prefix))
+    tracker = Tracker(registry, connection=connection, codec=codec, prefix=prefix, refresh_s=0.3).start()
+    try:
+        assert tracker.wait_caught_up(30)
+        assert not any(topic == dlq for topic, _ in registry.positions())
+        ensure_topics(connection, [TopicSpec(dlq, 2, ())])
+        producer = clients.producer(connection)
+        send(producer, dlq, "doc-c", uploaded(codec, "doc-c"), headers=dead_letter_headers("t", "too big"))
+        deadline = time.monotonic() + 20
+        while "thumbnails" not in registry.progress("doc-c") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        progress = registry.progress("doc-c")["thumbnails"]
+        assert (progress.state, progress.detail["error_message"]) == (FAILED, "too big")
+        assert registry.positions()[(dlq, 1)] == 1 and registry.positions()[(dlq, 0)] == 0
+    finally:
+        tracker.stop()
+    delete_topics(connection, [dlq])
+    registry.close()
