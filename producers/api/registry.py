@@ -12,6 +12,11 @@ One SQLite file (`<api state dir>/documents.db`, 0600 in a 0700 folder):
   results and dead-letter topics: done (with the completion's links) or failed (with the dead
   letter's reason), and whether a redrive of it was seen; each for one upload time, so a new upload
   of the document starts from queued again.
+- `redrives`: the redrives the tracker saw on the retry topics, per (document, group, upload time)
+  and the dead-letter record each cites (its redrive history's sources), so that a redrive read
+  before its dead letter (the topics are not ordered with each other) still marks it, also after a
+  restart; a dead letter is redriven when a redrive cites its coordinates (a later dead letter of the
+  same upload, after the redriven event failed again, is not, until it is redriven in turn).
 - `positions`: the tracker's next offset per topic partition, so a restart resumes where it stopped.
 
 The registry is an index, not the durable record of an upload (that is the Kafka event, or the
@@ -66,6 +71,13 @@ CREATE TABLE IF NOT EXISTS progress (
     redriven INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (document_id, grp)
 );
+CREATE TABLE IF NOT EXISTS redrives (
+    document_id TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    uploaded_at_ms INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    PRIMARY KEY (document_id, grp, uploaded_at_ms, source)
+);
 CREATE TABLE IF NOT EXISTS positions (
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -75,6 +87,10 @@ CREATE TABLE IF NOT EXISTS positions (
 """
 
 DONE, FAILED = "done", "failed"
+ANY_SOURCE = ""  # a redrive whose history names no dead-letter record: it marks the upload's failure
+
+Redrive = tuple[str, str, int, Iterable[str]]
+"""(document id, group, upload ms, coordinates of the dead-letter records its history cites)."""
 
 
 @dataclass(frozen=True)
@@ -230,42 +246,64 @@ class Registry:
         self,
         updates: Iterable[tuple[str, str, int, str, Mapping[str, Any], int]],
         positions: Mapping[tuple[str, int], int],
+        redrives: Iterable[Redrive] = (),
     ) -> None:
-        """Progress (document id, group, upload ms, state, detail, at ms) and the tracker's
-        positions, in one transaction. Done wins over failed for the same upload (a redriven
-        dead letter that then succeeded), and a newer upload replaces an older one's progress."""
+        """Progress (document id, group, upload ms, state, detail, at ms), the redrives seen and the
+        tracker's positions, in one transaction. Done wins over failed for the same upload (a
+        redriven dead letter that then succeeded), and a newer upload replaces an older one's
+        progress. A failed update is redriven when a redrive recorded here, before or with it,
+        cites its `detail["dead_letter"]`; a done one keeps the redrive of its upload's failure."""
         with self._transaction() as db:
             for document_id, group, uploaded_ms, state, detail, at_ms in updates:
                 current = db.execute(
-                    "SELECT uploaded_at_ms, state FROM progress WHERE document_id = ? AND grp = ?",
+                    "SELECT uploaded_at_ms, state, redriven FROM progress WHERE document_id = ? AND grp = ?",
                     (document_id, group),
                 ).fetchone()
                 if current is not None and (
                     current[0] > uploaded_ms or (current[0] == uploaded_ms and current[1] == DONE)
                 ):
                     continue
+                kept = current is not None and current[0] == uploaded_ms and bool(current[2])
+                redriven = _redriven(db, document_id, group, uploaded_ms, state, detail, kept)
                 db.execute(
                     "INSERT OR REPLACE INTO progress (document_id, grp, uploaded_at_ms, state, detail, at_ms,"
-                    " redriven) VALUES (?, ?, ?, ?, ?, ?, COALESCE((SELECT redriven FROM progress WHERE"
-                    " document_id = ? AND grp = ? AND uploaded_at_ms = ?), 0))",
-                    (
-                        *(document_id, group, uploaded_ms, state, json.dumps(detail), at_ms),
-                        *(document_id, group, uploaded_ms),
-                    ),
+                    " redriven) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (document_id, group, uploaded_ms, state, json.dumps(detail), at_ms, int(redriven)),
                 )
+                db.execute(
+                    "DELETE FROM redrives WHERE document_id = ? AND grp = ? AND uploaded_at_ms < ?",
+                    (document_id, group, uploaded_ms),
+                )
+            for document_id, group, uploaded_ms, sources in redrives:
+                _redrive(db, document_id, group, uploaded_ms, tuple(sources))
             for (topic, partition), offset in positions.items():
                 db.execute(
                     "INSERT OR REPLACE INTO positions (topic, partition, next_offset) VALUES (?, ?, ?)",
                     (topic, partition, offset),
                 )
 
-    def mark_redriven(self, document_id: str, group: str) -> None:
-        """A redrive of this document's dead letter was seen on the group's retry topic."""
+    def mark_redriven(
+        self, document_id: str, group: str, uploaded_at_ms: int | None = None, sources: Iterable[str] = ()
+    ) -> None:
+        """A redrive of this document's dead letter was seen on the group's retry topic: of the
+        upload `uploaded_at_ms` (default: the group's recorded progress, else the latest upload),
+        citing the dead-letter records `sources` (none: whichever failed). Remembered, so that a
+        failure recorded later for that upload and source is marked redriven too."""
         with self._transaction() as db:
-            db.execute(
-                "UPDATE progress SET redriven = 1 WHERE document_id = ? AND grp = ? AND state = ?",
-                (document_id, group, FAILED),
-            )
+            if uploaded_at_ms is None:
+                row = (
+                    db.execute(
+                        "SELECT uploaded_at_ms FROM progress WHERE document_id = ? AND grp = ?",
+                        (document_id, group),
+                    ).fetchone()
+                    or db.execute(
+                        "SELECT uploaded_at_ms FROM documents WHERE document_id = ?", (document_id,)
+                    ).fetchone()
+                )
+                if row is None:
+                    return
+                uploaded_at_ms = int(row[0])
+            _redrive(db, document_id, group, uploaded_at_ms, tuple(sources))
 
     def progress(self, document_id: str) -> dict[str, Progress]:
         with self._lock:
@@ -280,3 +318,52 @@ class Registry:
         with self._lock:
             rows = self._db.execute("SELECT topic, partition, next_offset FROM positions").fetchall()
         return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+
+def _redrive(
+    db: sqlite3.Connection, document_id: str, group: str, uploaded_ms: int, sources: tuple[str, ...]
+) -> None:
+    """Remember a redrive (see `Registry.record`) and mark the progress it concerns."""
+    current = db.execute(
+        "SELECT uploaded_at_ms, state, detail FROM progress WHERE document_id = ? AND grp = ?",
+        (document_id, group),
+    ).fetchone()
+    if current is not None and current[0] > uploaded_ms:
+        return  # a redrive of an older upload's dead letter
+    db.executemany(
+        "INSERT OR IGNORE INTO redrives (document_id, grp, uploaded_at_ms, source) VALUES (?, ?, ?, ?)",
+        [(document_id, group, uploaded_ms, source) for source in sources or (ANY_SOURCE,)],
+    )
+    if current is None or current[0] != uploaded_ms:
+        return
+    if current[1] == DONE or not sources or _dead_letter(json.loads(current[2])) in sources:
+        db.execute("UPDATE progress SET redriven = 1 WHERE document_id = ? AND grp = ?", (document_id, group))
+
+
+def _redriven(
+    db: sqlite3.Connection,
+    document_id: str,
+    group: str,
+    uploaded_ms: int,
+    state: str,
+    detail: Mapping[str, Any],
+    kept: bool,
+) -> bool:
+    """Whether progress about to be written is redriven, by the redrives recorded for its upload."""
+    if state == DONE and kept:
+        return True
+    sources = {
+        r[0]
+        for r in db.execute(
+            "SELECT source FROM redrives WHERE document_id = ? AND grp = ? AND uploaded_at_ms = ?",
+            (document_id, group, uploaded_ms),
+        )
+    }
+    if state == DONE:
+        return bool(sources)
+    return ANY_SOURCE in sources or _dead_letter(detail) in sources
+
+
+def _dead_letter(detail: Mapping[str, Any]) -> str | None:
+    value = detail.get("dead_letter")
+    return value if isinstance(value, str) else None

@@ -108,7 +108,7 @@ class ApiService:
             refresh_s=api.refresh_s,
         )
         codec = make_codec(settings.schema_registry_url)
-        tracker = Tracker(settings, registry)
+        tracker = Tracker.from_settings(settings, registry)
         blobs = BlobStore(settings.blob_root)
         ingest = Ingest(
             blobs=blobs,

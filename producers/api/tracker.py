@@ -1,17 +1,518 @@
-"""Placeholder until the tracker lands (same session): it records nothing, so every group shows
-`queued` / `processing` from the committed offsets alone."""
+"""The API's tracker: what became of each accepted document, read from Kafka into the registry.
+
+A `Tracker` thread follows, with one consumer that joins no group and commits nothing (assign()
+only; its positions are the registry's):
+
+- the stages' result topics: a completion of a document the registry holds is that stage's
+  "done", with its links (result URI, idempotency key, model version ...) and the stage's own
+  figures (pages, chunks, thumbnail sizes ...);
+- the dead-letter topics of `DEAD_LETTERED_GROUPS`: a dead letter of a registered document is
+  that group's "failed", with its reason (error class and message, attempts, when and where);
+- their retry topics: a record there with a redrive history (the REDRIVE header) re-drove the
+  dead letters its history cites (`Registry.record`'s redrives; the registry remembers them, so a
+  redrive read before its dead letter still marks it).
+
+Each batch (up to 500 records) is one `Registry.record` transaction: its progress and the next
+offset of every partition it moved, so a restart resumes exactly where the last batch ended. A
+partition without a stored position starts at the end of its log when the tracker first starts
+(registry without positions: the API starts the tracker before it accepts anything, so nothing
+before concerns it), at its beginning otherwise (a topic or partition that appeared since); the
+position is stored at once. A topic that does not exist yet is looked up again every `refresh_s`.
+
+Records of documents the registry does not hold (other producers' traffic) are skipped; records
+whose value or headers cannot be read are counted (`undecodable`) and logged at DEBUG. An
+unreachable cluster is one WARNING line and one INFO line when it answers again
+(`docstream.kafka.connection.ConnectionWatch`), never a line per attempt.
+
+The mapping from a record to an update (`done_update`, `failed_update`, `redrive_sources`,
+`upload_ms_of`) is pure, for tests without Kafka.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from consumers.ops.dlq.entries import coordinates, decode_history
+from consumers.runtime import headers as hdr
+from docstream.kafka import clients
+from docstream.kafka.config import connection_config
+from docstream.kafka.connection import ConnectionWatch
+from docstream.kafka.ranges import reader_config
+from docstream.settings import Settings
+from docstream.topology import (
+    DEAD_LETTERED_GROUPS,
+    DOC_UPLOADED,
+    EVENT_TYPES,
+    STAGES,
+    UPLOAD_EVENT,
+    dead_letter_topic,
+    group_id,
+    retry_topic,
+)
+from producers.api.registry import DONE, FAILED, Redrive, Registry
+from schemas.codec import Codec, make_codec
+from schemas.events import COMPLETION_FIELDS
+
+log = logging.getLogger(__name__)
+
+Update = tuple[str, str, int, str, dict[str, Any], int]
+"""(document id, group, upload ms, state, detail, at ms): one row of `Registry.record`."""
+TP = tuple[str, int]
+
+RESULT, DEAD_LETTER, RETRY = "result", "dead-letter", "retry"
+# The completion fields a done detail keeps besides the stage's own ones.
+DONE_FIELDS = ("result_uri", "idempotency_key", "model_version", "completed_at", "processing_ms")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# -- what the tracker reads -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A topic the tracker follows: what it carries and for which group (short name)."""
+
+    kind: str  # RESULT, DEAD_LETTER or RETRY
+    group: str
+    event_type: str | None = None  # of a result topic
+
+
+def followed_topics(prefix: str = "docstream.") -> dict[str, Followed]:
+    """Topic -> what it is, for every topic the tracker reads."""
+    topics = {s.result_topic: Followed(RESULT, s.name, s.result_event) for s in STAGES}
+    for g in DEAD_LETTERED_GROUPS:
+        topics[dead_letter_topic(group_id(g, prefix))] = Followed(DEAD_LETTER, g)
+        topics[retry_topic(group_id(g, prefix))] = Followed(RETRY, g)
+    return topics
+
+
+# -- the pure part --------------------------------------------------------------------------------
+
+
+def epoch_ms(value: datetime | int) -> int:
+    """A timestamp as the codec decodes it (an aware datetime, or epoch ms) in epoch ms."""
+    if isinstance(value, datetime):
+        return (value - _EPOCH) // timedelta(milliseconds=1)
+    return int(value)
+
+
+def iso(value: datetime | int) -> str:
+    """A timestamp as ISO 8601 UTC with milliseconds."""
+    moment = value if isinstance(value, datetime) else datetime.fromtimestamp(value / 1000, UTC)
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def done_update(record: Mapping[str, Any], group: str) -> Update:
+    """The "done" of a decoded completion `record` for `group` (the stage's name): for the upload
+    it completes, at its completion time, with its links and the stage's own fields."""
+    detail = {name: _jsonable(record.get(name)) for name in DONE_FIELDS}
+    detail |= {name: _jsonable(v) for name, v in record.items() if name not in COMPLETION_FIELDS}
+    return (
+        str(record["document_id"]),
+        group,
+        epoch_ms(record["upload_at"]),
+        DONE,
+        detail,
+        epoch_ms(record["completed_at"]),
+    )
+
+
+def failed_update(
+    document_id: str,
+    group: str,
+    uploaded_at_ms: int,
+    headers: hdr.Headers,
+    where: TP,
+    offset: int,
+    timestamp_ms: int,
+) -> Update:
+    """The "failed" of the dead letter at `where`@`offset` (dead-lettered at `timestamp_ms`, with
+    docstream's `headers`) of `document_id`'s upload `uploaded_at_ms` in `group`."""
+    h = hdr.to_dict(headers)
+    history, _ = decode_history(h.get(hdr.REDRIVE))
+    detail: dict[str, Any] = {
+        "error_class": h.get(hdr.ERROR_CLASS, ""),
+        "error_message": h.get(hdr.ERROR_MESSAGE, ""),
+        "attempts": _int(h.get(hdr.ATTEMPT)),
+        "dead_lettered_at": iso(timestamp_ms),
+        "dead_letter": coordinates(where[0], where[1], offset),
+        "original_topic": h.get(hdr.ORIGINAL_TOPIC) or None,
+        "redrives_before": len(history),
+    }
+    return (document_id, group, uploaded_at_ms, FAILED, detail, timestamp_ms)
+
+
+def redrive_sources(headers: hdr.Headers) -> tuple[str, ...] | None:
+    """None when a retry record's `headers` carry no redrive history (an ordinary retry); else the
+    coordinates of the dead-letter records it cites (empty when the history cannot be read)."""
+    h = hdr.to_dict(headers)
+    if hdr.REDRIVE not in h:
+        return None
+    steps, _ = decode_history(h[hdr.REDRIVE])
+    return tuple(dict.fromkeys(step.source for step in steps))
+
+
+def upload_ms_of(codec: Codec, value: bytes | None, headers: hdr.Headers) -> int | None:
+    """The upload time of the event in a dead-letter or retry record's `value` (a doc.uploaded's
+    uploaded_at, a completion's upload_at), decoded as its original topic's event type (any
+    docstream event type when the header does not say); None when it cannot be decoded."""
+    if not value:
+        return None
+    original = hdr.to_dict(headers).get(hdr.ORIGINAL_TOPIC, "")
+    if original in EVENT_TYPES:
+        candidates = [(EVENT_TYPES[original], original)]
+    else:
+        candidates = [(UPLOAD_EVENT, DOC_UPLOADED), *((s.result_event, s.result_topic) for s in STAGES)]
+    for event_type, topic in candidates:
+        try:
+            record = codec.decode(event_type, value, topic=topic)
+            return epoch_ms(record["uploaded_at"] if event_type == UPLOAD_EVENT else record["upload_at"])
+        except Exception:  # not this type, or not an event at all
+            continue
+    return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+# -- the thread -----------------------------------------------------------------------------------
 
 
 class Tracker:
-    def __init__(self, settings: Any, registry: Any) -> None:
-        pass
+    """Follows the result, dead-letter and retry topics into `registry` (the module docstring).
 
-    def start(self) -> None:
-        pass
+    connection: a librdkafka connection dict (`docstream.kafka.config.connection_config`)
+    codec:      decodes the events (`schemas.codec.make_codec`)
+    prefix:     the consumer groups' prefix (`settings.group_prefix`)
+    batch_size, poll_s:  each batch is `consume(batch_size, poll_s)`
+    refresh_s:  how often the followed topics are looked up again (a topic created later)
+    retry_s:    the pause before starting again from the registry after an error
+    watch:      says when the cluster is unreachable and back (default: one of its own)
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        connection: Mapping[str, Any],
+        codec: Codec,
+        prefix: str = "docstream.",
+        batch_size: int = 500,
+        poll_s: float = 0.2,
+        refresh_s: float = 5.0,
+        retry_s: float = 2.0,
+        watch: ConnectionWatch | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry, self.codec = registry, codec
+        self._connection = dict(connection)
+        self.topics = followed_topics(prefix)
+        self.batch_size, self.poll_s, self.refresh_s, self.retry_s = batch_size, poll_s, refresh_s, retry_s
+        self._clock = clock
+        self.watch = watch or ConnectionWatch("api tracker", clock=clock)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._positions: dict[TP, int] = {}  # assigned partition -> next offset, as recorded
+        self._partitions: dict[str, int] = {}  # topic -> partitions assigned
+        self._first_start = False
+        self.tracked = 0  # updates and redrives recorded for registered documents
+        self.skipped = 0  # records of documents the registry does not hold, ordinary retries
+        self.undecodable = 0
+        self.batches = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, registry: Registry, **options: Any) -> Tracker:
+        return cls(
+            registry,
+            connection=connection_config(settings),
+            codec=make_codec(settings.schema_registry_url),
+            prefix=settings.group_prefix,
+            **options,
+        )
+
+    # -- service ------------------------------------------------------------------------------
+
+    def start(self) -> Tracker:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="api tracker", daemon=True)
+        self._thread.start()
+        return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        pass
+        """Stop after the batch in hand (recorded); the thread closes its consumer."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def positions(self) -> dict[TP, int]:
+        """The next offset of every assigned partition, as last recorded."""
+        with self._lock:
+            return dict(self._positions)
+
+    def lag(self, timeout: float = 5.0) -> int | None:
+        """Records between the recorded positions and the ends of the logs now (None: the ends
+        cannot be read, or a followed topic that exists is not assigned yet)."""
+        ends = self._end_offsets(timeout)
+        if ends is None:
+            return None
+        mine = self.positions()
+        if any(tp not in mine for tp in ends):
+            return None
+        return sum(max(0, end - mine[tp]) for tp, end in ends.items())
+
+    def caught_up(self, timeout: float = 5.0) -> bool:
+        return self.lag(timeout) == 0
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        """True once the tracker has recorded up to the ends of the logs as they are at the call;
+        False if `timeout` passes first."""
+        deadline = time.monotonic() + timeout
+        ends = self._end_offsets(timeout)
+        if ends is None:
+            return False
+        while True:
+            mine = self.positions()
+            if all(mine.get(tp, -1) >= end for tp, end in ends.items()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        consumer: Any = None
+        refreshed = float("-inf")
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if consumer is None:
+                        consumer = self._new_consumer()
+                        refreshed = float("-inf")
+                    self.watch.check(partial(_answers, consumer))
+                    if time.monotonic() - refreshed >= self.refresh_s:
+                        refreshed = time.monotonic()
+                        try:
+                            self._assign_new(consumer)
+                        except KafkaException as exc:  # the cluster away: the watch tells, try again later
+                            log.debug("api tracker: cannot look up its topics: %s", exc)
+                            refreshed -= self.refresh_s - self.retry_s
+                    self._handle(consumer.consume(self.batch_size, self.poll_s))
+                except Exception as exc:  # a registry error: start again from the recorded positions
+                    log.debug("api tracker: %s; resuming from the recorded positions", exc, exc_info=True)
+                    if consumer is not None:
+                        _close(consumer)
+                        consumer = None
+                    self._stopping.wait(self.retry_s)
+        finally:
+            if consumer is not None:
+                _close(consumer)
+
+    def _new_consumer(self) -> Any:
+        conf = {**reader_config(self._connection, "api-tracker"), **self.watch.client_config()}
+        consumer = clients.consumer(conf)
+        stored = self.registry.positions()
+        self._first_start = not stored
+        with self._lock:
+            self._positions, self._partitions = {}, {}
+        return consumer
+
+    def _assign_new(self, consumer: Any) -> None:
+        """Assign the partitions of the followed topics not assigned yet (a topic created since,
+        partitions added); the first time, store the start of each that has no position."""
+        metadata = consumer.list_topics(timeout=1.0)
+        stored = self.registry.positions()
+        new: list[TP] = []
+        for topic in self.topics:
+            described = metadata.topics.get(topic)
+            if described is None or described.error is not None:
+                continue
+            new += [(topic, p) for p in range(self._partitions.get(topic, 0), len(described.partitions))]
+        if not new:
+            self._first_start = False  # a topic created from now on is read from its beginning
+            return
+        starts: dict[TP, int] = {}
+        for tp in new:
+            if tp in stored:
+                starts[tp] = stored[tp]
+            elif self._first_start:
+                _, high = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)
+                starts[tp] = high
+            else:
+                low, _ = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)
+                starts[tp] = max(low, 0)
+        fresh = {tp: offset for tp, offset in starts.items() if tp not in stored}
+        if fresh:
+            self.registry.record((), fresh)
+        self._first_start = False  # a partition that appears later is read from its beginning
+        consumer.incremental_assign([TopicPartition(t, p, starts[(t, p)]) for t, p in new])
+        for topic, partition in new:
+            self._partitions[topic] = max(self._partitions.get(topic, 0), partition + 1)
+        with self._lock:
+            self._positions.update(starts)
+        log.debug("api tracker: following %d new partitions", len(new))
+
+    def _handle(self, messages: Iterable[Any]) -> None:
+        moved: dict[TP, int] = {}
+        results: list[tuple[str, Mapping[str, Any]]] = []  # (group, decoded completion)
+        dead: list[tuple[str, Any]] = []  # (group, message)
+        redrives: list[tuple[str, Any, tuple[str, ...]]] = []  # (group, message, sources)
+        for m in messages:
+            error = m.error()
+            tp = (m.topic(), m.partition())
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    moved[tp] = m.offset()
+                else:
+                    log.debug("api tracker: %s", error.str())
+                continue
+            moved[tp] = m.offset() + 1
+            followed = self.topics.get(m.topic())
+            if followed is None:
+                continue
+            if followed.kind == RESULT:
+                try:
+                    record = self.codec.decode(
+                        followed.event_type or "", m.value() or b"", topic=m.topic(), coordinates=_where(m)
+                    )
+                except Exception as exc:
+                    self.undecodable += 1
+                    log.debug("api tracker: skipping %s: %s", _where(m), exc)
+                    continue
+                results.append((followed.group, record))
+            elif followed.kind == DEAD_LETTER:
+                dead.append((followed.group, m))
+            else:
+                sources = redrive_sources(m.headers())
+                if sources is None:
+                    self.skipped += 1
+                else:
+                    redrives.append((followed.group, m, sources))
+        if not moved:
+            return
+        keys = [str(r.get("document_id", "")) for _, r in results]
+        keys += [_key(m) for _, m in dead] + [_key(m) for _, m, _ in redrives]
+        latest = self.registry.uploads(k for k in keys if k)
+        updates: list[Update] = []
+        for group, completion in results:
+            if completion.get("document_id") not in latest:
+                self.skipped += 1
+                continue
+            try:
+                update = done_update(completion, group)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.undecodable += 1
+                log.debug("api tracker: skipping a completion of %s: %s", completion.get("document_id"), exc)
+                continue
+            if update[2] < latest[update[0]]:
+                self.skipped += 1  # of an older upload than the document's latest
+            else:
+                updates.append(update)
+        for group, m in dead:
+            document_id = _key(m)
+            if document_id not in latest:
+                self.skipped += 1
+                continue
+            upload = upload_ms_of(self.codec, m.value(), m.headers())
+            if upload is None:
+                self.undecodable += 1
+                log.debug("api tracker: dead letter %s: value not decodable, its latest upload", _where(m))
+                upload = latest[document_id]
+            elif upload < latest[document_id]:
+                self.skipped += 1  # of an older upload than the document's latest
+                continue
+            timestamp = m.timestamp()[1]
+            updates.append(
+                failed_update(
+                    document_id, group, upload, m.headers(), (m.topic(), m.partition()), m.offset(), timestamp
+                )
+            )
+        seen: list[Redrive] = []
+        for group, m, sources in redrives:
+            document_id = _key(m)
+            if document_id not in latest:
+                self.skipped += 1
+                continue
+            upload = upload_ms_of(self.codec, m.value(), m.headers())
+            seen.append((document_id, group, latest[document_id] if upload is None else upload, sources))
+        self.registry.record(updates, moved, seen)
+        with self._lock:
+            self._positions.update(moved)
+        self.tracked += len(updates) + len(seen)
+        self.batches += 1
+
+    def _end_offsets(self, timeout: float) -> dict[TP, int] | None:
+        """The end offset of every partition of the followed topics that exist now."""
+        consumer = clients.consumer(
+            {**reader_config(self._connection, "api-tracker-ends"), **self.watch.client_config()}
+        )
+        try:
+            metadata = consumer.list_topics(timeout=timeout)
+            ends: dict[TP, int] = {}
+            for topic in self.topics:
+                described = metadata.topics.get(topic)
+                if described is None or described.error is not None:
+                    continue
+                for p in described.partitions:
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+                    ends[(topic, p)] = high
+            return ends
+        except Exception as exc:
+            log.debug("api tracker: cannot read the ends of the logs: %s", exc)
+            return None
+        finally:
+            _close(consumer)
+
+
+def _key(message: Any) -> str:
+    key = message.key()
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
+
+
+def _where(message: Any) -> str:
+    return coordinates(message.topic(), message.partition(), message.offset())
+
+
+def _answers(consumer: Any) -> bool:
+    try:
+        consumer.list_topics(timeout=1.0)
+        return True
+    except Exception:
+        return False
+
+
+def _close(consumer: Any) -> None:
+    try:
+        consumer.close()
+    except Exception as exc:
+        log.debug("api tracker: closing its consumer: %s", exc)
