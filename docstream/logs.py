@@ -1,10 +1,11 @@
 """How a docstream process writes its logs: text or JSON lines, and an event's trace fields.
 
-`configure(format, level)` gives the root logger one handler on stderr: `text` (a human line)
-or `json` (one JSON object per line: `ts` ISO 8601 UTC, `level`, `logger`, `message`, then every
-field the call passed in `extra=`, such as group, topic, partition, offset, document_id,
-traceparent, trace_id, request_id). `docstream worker` applies `Settings.log_format` and
-`Settings.log_level` (DOCSTREAM_LOG_FORMAT, DOCSTREAM_LOG_LEVEL).
+`configure(format, level)` gives the root logger one handler on stderr: `text` (a human line,
+ending in `[trace_id=... request_id=...]` for an event that has them) or `json` (one JSON object
+per line: `ts` ISO 8601 UTC, `level`, `logger`, `message`, then every field the call passed in
+`extra=`, such as group, topic, partition, offset, document_id, traceparent, trace_id,
+request_id). `docstream worker` applies `Settings.log_format` and `Settings.log_level`
+(DOCSTREAM_LOG_FORMAT, DOCSTREAM_LOG_LEVEL).
 
 `trace_fields(headers)` reads an event's trace context from its Kafka headers: `traceparent`
 (W3C) and `x-request-id`, which the HTTP ingest API puts on every event (producers/api/trace.py).
@@ -126,16 +127,27 @@ class _Configured(logging.StreamHandler[TextIO]):
     """The handler `configure` installs (replaced by the next call, never stacked)."""
 
 
+class TextFormatter(logging.Formatter):
+    """`<ts UTC> <LEVEL> <logger>: <message>`, then the event's `trace_id=` and `request_id=`
+    when the line has them (the other `extra=` fields are in the message, or in JSON lines)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        trace = [f"{name}={record.__dict__[name]}" for name in TRACE_TEXT if name in record.__dict__]
+        return f"{line} [{' '.join(trace)}]" if trace else line
+
+
+TRACE_TEXT = ("trace_id", "request_id")
+
+
 def formatter(fmt: LogFormat) -> logging.Formatter:
-    if fmt == "json":
-        return JsonFormatter()
-    text = logging.Formatter(TEXT_FORMAT)
-    text.formatTime = _iso_time  # type: ignore[method-assign]
-    return text
-
-
-def _iso_time(record: logging.LogRecord, datefmt: str | None = None) -> str:
-    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+    return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
 def configure(

@@ -97,7 +97,10 @@ def test_configure_installs_one_handler_in_the_format_asked_for() -> None:
         text = io.StringIO()
         logs.configure("text", logging.WARNING, text)
         logging.getLogger("docstream.test").warning("careful")
-        assert text.getvalue().rstrip().endswith("WARNING docstream.test: careful")
+        logging.getLogger("docstream.test").warning("traced", extra={"trace_id": TRACE_ID, "offset": 3})
+        careful, traced = text.getvalue().splitlines()
+        assert careful.endswith("+00:00 WARNING docstream.test: careful")
+        assert traced.endswith(f"WARNING docstream.test: traced [trace_id={TRACE_ID}]")
     finally:
         for handler in [h for h in root.handlers if h not in before[0]]:
             root.removeHandler(handler)
