@@ -28,7 +28,7 @@ offsets and holes (consumers.runtime.offsets), the key schedule (schedule), retr
 loop and its lanes (handoff). Calls on the two consumers that name
 partitions go through `Partitions` (partitions). The Kafka clients come from factories
 (consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
-What is left here (about 520 lines, some 370 of them code) is one thing: the steps of a turn,
+What is left here (about 580 lines, some 400 of them code) is one thing: the steps of a turn,
 the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
 outstanding work, and read in order as the story of a message.
 
