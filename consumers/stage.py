@@ -30,6 +30,7 @@ what they read and what they emit is declared once, in `docstream.topology.STAGE
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +41,7 @@ from typing import Protocol
 from consumers.pages import inspect_document
 from consumers.runtime import Context, Handler
 from consumers.runtime.message import Message
+from docstream import logs
 from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError
 from docstream.idempotency import completion_key, idempotency_key, upload_time
@@ -47,6 +49,8 @@ from docstream.topology import UPLOAD_EVENT
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
 from schemas.events import Completion, DocUploaded, Event, event_from_record
+
+log = logging.getLogger(__name__)
 
 StageFields = Mapping[str, object]
 """The completion fields a stage returns: its own fields of its completion event (each stage's
@@ -203,19 +207,53 @@ def stage_handler(
         work = stage.prepare(event, inputs)  # 0.
         if work is None:
             effects.counts.add("ignored")
-            return
-        effects.once(
-            ctx,
-            message.key(),
-            stage,
-            work.version,
-            work.document,
-            upload_offset=work.upload_offset,
-            compute=work.compute,
-            started=started,
-        )
+            outcome, emitted = "ignored", False
+        else:
+            outcome, emitted = effects.once(
+                ctx,
+                message.key(),
+                stage,
+                work.version,
+                work.document,
+                upload_offset=work.upload_offset,
+                compute=work.compute,
+                started=started,
+            )
+        if log.isEnabledFor(logging.INFO):  # off by default: the hot path pays this test only
+            _log_handled(stage.name, message, ctx, event, outcome, emitted, clock() - started)
 
     return handle
+
+
+def _log_handled(
+    stage: str, message: Message, ctx: Context, event: Input, outcome: str, emitted: bool, took_s: float
+) -> None:
+    """One INFO line for an event a stage handled, with the event's trace fields."""
+    topic, partition, offset, _ = ctx.origin
+    document_id = event.event.document_id
+    ms = round(took_s * 1000, 1)
+    fields: dict[str, object] = {
+        "stage": stage,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "document_id": document_id,
+        "outcome": outcome,
+        "emitted": emitted,
+        "processing_ms": ms,
+        "attempt": ctx.attempt,
+    } | logs.trace_fields(message.headers())
+    log.info(
+        "%s: %s %s in %s ms (%s[%d]@%d)",
+        stage,
+        document_id,
+        outcome,
+        ms,
+        topic,
+        partition,
+        offset,
+        extra=fields,
+    )
 
 
 class Effects:
@@ -245,27 +283,30 @@ class Effects:
         upload_offset: int | None,
         compute: Compute,
         started: float,
-    ) -> None:
-        """The effect of `stage` at `version` on `document`, and its completion event, once."""
+    ) -> tuple[str, bool]:
+        """The effect of `stage` at `version` on `document`, and its completion event, once.
+
+        Returned: whether the result was `computed` or `reused`, and whether a completion was emitted.
+        """
         key = idempotency_key(document.content_sha256, stage.name, version)  # 1.
         ckey = completion_key(stage.name, version, document)
         recorded = self._blobs.get_completion(stage.name, ckey)  # 2.
+        outcome = "reused"
         if recorded is not None:
-            self.counts.add("reused")
+            self.counts.add(outcome)
             if not self._emit_reused and not self.counts.fresh(key):
-                return
+                return outcome, False
             event = json.loads(recorded)
         else:
             stored = self._blobs.get_result(stage.name, key)  # 3.
             if stored is None:
                 result, fields = compute()
-                self.counts.add(
-                    "computed" if self._blobs.put_result(stage.name, key, result) else "reused", key
-                )
+                outcome = "computed" if self._blobs.put_result(stage.name, key, result) else "reused"
+                self.counts.add(outcome, key)
             else:
-                self.counts.add("reused")
+                self.counts.add(outcome)
                 if not self._emit_reused and not self.counts.fresh(key):
-                    return
+                    return outcome, False
                 fields = stage.summarise(stored)
             event = completion(
                 stage.name,
@@ -280,6 +321,7 @@ class Effects:
             )
             event = self._record(stage.name, ckey, event)  # 4.
         ctx.emit(stage.result_topic, kafka_key, self._codec.encode(stage.result_event, event))
+        return outcome, True
 
     def _record(self, stage: str, ckey: str, event: CompletionRecord) -> CompletionRecord:
         """Write the completion once; when another delivery of this upload won, theirs is the one."""

@@ -9,8 +9,9 @@ arguments built from this object.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -240,6 +241,14 @@ class Settings(BaseSettings):
     topic_partitions: int = Field(default=12, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     group_prefix: str = "docstream."
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="how `docstream worker` logs: text, or one JSON object per line (docs/operations.md)",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        default="WARNING",
+        description="the least severe lines logged; INFO adds a line per event a stage handled",
+    )
     runtime: RuntimeSettings = RuntimeSettings()
     thumbnails: ThumbnailSettings = ThumbnailSettings()
     ocr: OcrSettings = OcrSettings()
@@ -248,6 +257,16 @@ class Settings(BaseSettings):
     analytics: AnalyticsSettings = AnalyticsSettings()
     scaling: ScalingSettings = ScalingSettings()
     api: ApiSettings = ApiSettings()
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format_any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_any_case(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @property
     def blob_root(self) -> str:

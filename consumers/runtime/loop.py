@@ -28,7 +28,7 @@ offsets and holes (consumers.runtime.offsets), the key schedule (schedule), retr
 loop and its lanes (handoff). Calls on the two consumers that name
 partitions go through `Partitions` (partitions). The Kafka clients come from factories
 (consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
-What is left here (about 520 lines, some 370 of them code) is one thing: the steps of a turn,
+What is left here (about 580 lines, some 400 of them code) is one thing: the steps of a turn,
 the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
 outstanding work, and read in order as the story of a message.
 
@@ -75,6 +75,7 @@ from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from consumers.runtime.schedule import SegmentRun
 from consumers.runtime.stats import RunStats, WorkerHealth
+from docstream import logs
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka import config as kafka_config
 from docstream.kafka.connection import ConnectionWatch
@@ -406,10 +407,15 @@ class Worker:
         """Produce the retry or dead-letter record of a failed message; settled on its ack."""
         decision = route(error, message.attempt, self._runtime.retry)
         if decision is Route.RETRY:
-            due = self._now_ms() + backoff_ms(self._runtime.retry, message.attempt + 1, self._rng)
-            record = retry_record(message, self.group_id, self.retry_topic, error, trace, due)
+            delay_ms = backoff_ms(self._runtime.retry, message.attempt + 1, self._rng)
+            record = retry_record(
+                message, self.group_id, self.retry_topic, error, trace, self._now_ms() + delay_ms
+            )
         else:
+            delay_ms = 0
             record = dead_letter_record(message, self.group_id, self.dlq_topic, error, trace)
+        if log.isEnabledFor(logging.WARNING):
+            self._log_reroute(message, decision, record.topic, error, delay_ms)
         self._producer.produce(
             record.topic,
             record.value,
@@ -419,6 +425,34 @@ class Worker:
             on_delivery=partial(self._on_reroute_ack, message, decision),
         )
         return decision
+
+    def _log_reroute(
+        self, message: Event, decision: Route, to: str, error: BaseException, delay_ms: int
+    ) -> None:
+        """One WARNING line for an event sent to retry or dead-lettered, with its trace fields."""
+        topic, partition, offset, _ = message.origin
+        attempt = message.attempt
+        fields: dict[str, object] = {
+            "group": self.group_id,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "key": logs.shown_key(message.key),
+            "attempt": attempt,
+            "route": decision.value,
+            "to": to,
+            "error_class": f"{type(error).__module__}.{type(error).__qualname__}",
+        } | logs.trace_fields(message.raw.headers())
+        reason = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        where = f"{topic}[{partition}]@{offset}"
+        if decision is Route.RETRY:
+            fields["retry_in_ms"] = delay_ms
+            text = "%s: %s failed at attempt %d, retry %d in %d ms via %s: %s"
+            args: tuple[object, ...] = (self.group_id, where, attempt, attempt + 1, delay_ms, to, reason)
+        else:
+            text = "%s: %s dead-lettered to %s after %d attempt(s): %s"
+            args = (self.group_id, where, to, attempt, reason)
+        log.warning(text, *args, extra=fields)
 
     def _on_reroute_ack(
         self,

@@ -4,8 +4,8 @@ Every command reads the whole dead-letter topic of the group (bounded by the end
 start, never committing) and the group's retry topic (for the redrive status), then filters:
 `--error-class` (full class name or its last part), `--since` (dead-lettered at or after, ISO
 8601, UTC when no timezone is given), `--limit N` (the first N matches, oldest dead letter
-first). `list` prints a table, `show` a block per record (coordinates, attempts, error,
-traceback, redrive history, the decoded payload), `redrive` re-publishes to the group's retry
+first). `list` prints a table, `show` a block per record (coordinates, attempts, error, trace
+context, traceback, redrive history, the decoded payload), `redrive` re-publishes to the group's retry
 topic (`--dry-run`: only says what would move). docs/dead-letters.md has the details.
 """
 
@@ -292,21 +292,26 @@ def _table(headers: list[str], rows: list[list[Text]], width: int, flexible: str
 
 def _list_table(dead: DeadLetters, shown: list[dl.DeadLetter], width: int) -> Table:
     headers = ["REF", "DEAD-LETTERED (UTC)", "KEY", "ORIGINAL", "ATTEMPTS", "ERROR", "REDRIVES", "STATUS"]
+    traces = [e.trace for e in shown]
+    traced = any(traces)  # a REQUEST ID / TRACE ID column only when some entry carries one
+    if traced:
+        headers += ["REQUEST ID", "TRACE ID"]
     rows = []
-    for e in shown:
+    for e, trace in zip(shown, traces, strict=True):
         status = dead.status(e)
-        rows.append(
-            [
-                Text(e.ref),
-                Text(dl.iso_ms(e.timestamp_ms)[:19].replace("T", " ")),
-                Text(_short(dl.show_bytes(e.key) or "-", 24)),
-                Text(e.origin),
-                Text("?" if e.attempts is None else str(e.attempts)),
-                Text(f"{e.error_class_short}: {e.error_message}"),
-                Text(str(len(e.history))),
-                Text(status, style="yellow" if status == "redriven" else "red"),
-            ]
-        )
+        row = [
+            Text(e.ref),
+            Text(dl.iso_ms(e.timestamp_ms)[:19].replace("T", " ")),
+            Text(_short(dl.show_bytes(e.key) or "-", 24)),
+            Text(e.origin),
+            Text("?" if e.attempts is None else str(e.attempts)),
+            Text(f"{e.error_class_short}: {e.error_message}"),
+            Text(str(len(e.history))),
+            Text(status, style="yellow" if status == "redriven" else "red"),
+        ]
+        if traced:
+            row += [Text(_short(trace.get("request_id", "-"), 40)), Text(trace.get("trace_id", "-"))]
+        rows.append(row)
     return _table(headers, rows, width)
 
 
@@ -342,6 +347,11 @@ def _block(dead: DeadLetters, e: dl.DeadLetter, payload: Payload) -> Group:
     add("group", e.group or "?")
     add("attempts", "?" if e.attempts is None else str(e.attempts))
     add("error", f"{e.error_class}: {e.error_message}" if e.error_class else e.error_message or "?")
+    trace = e.trace
+    if "traceparent" in trace:
+        add("traceparent", trace["traceparent"])
+    if "request_id" in trace:
+        add("request id", trace["request_id"])
     for n, step in enumerate(e.history, 1):
         add(
             f"redrive {n}",

@@ -53,7 +53,6 @@ from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, ConfigurationError
 from docstream.kafka.config import connection_config
-from docstream.kafka.connection import shown_on
 from docstream.settings import Settings
 from docstream.topology import (
     ANALYTICS,
@@ -231,13 +230,21 @@ def worker(
     """Run one worker of a group until SIGTERM / SIGINT (graceful: finish, commit, leave).
 
     A broker outage is logged once when it starts and once when it ends (docs/operations.md).
+    Logs go to stderr as text or JSON lines (DOCSTREAM_LOG_FORMAT), from DOCSTREAM_LOG_LEVEL up;
+    the lines of each event retried, dead-lettered or (at INFO) handled carry its trace fields.
     """
     s = settings()
+    from docstream import logs  # here: `up` and `demo` log as they did
+
+    logs.configure(s.log_format, s.log_level, sys.stderr)
     options = WorkerOptions()
     member = build_worker(name, s, options)
     member.install_signal_handlers()
     console.print(f"worker {name}: group {member.group_id}, topics {', '.join(member.topics)}")
-    with shown_on(sys.stderr), serve_health(member, health_port) as url:
+    # The connection watch's outage lines (INFO when the broker is back) through that handler.
+    kafka_log = logging.getLogger("docstream.kafka")
+    kafka_log.setLevel(min(kafka_log.getEffectiveLevel(), logging.INFO))
+    with serve_health(member, health_port) as url:
         if url is not None:
             console.print(f"worker {name}: health on {url}", soft_wrap=True)
         stats = member.run()

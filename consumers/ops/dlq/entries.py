@@ -2,8 +2,9 @@
 
 A dead-letter record (`consumers.runtime.routing.dead_letter_record`) keeps the failed event's
 key and value; its headers say where the event was first published (ORIGINAL_*), which group
-gave up on it (GROUP), after how many attempts (ATTEMPT) and why (ERROR_*). `DeadLetter` is that
-record as the tools see it. A redrive adds one `RedriveStep` to the history carried in the
+gave up on it (GROUP), after how many attempts (ATTEMPT) and why (ERROR_*); the event's own
+foreign headers (trace context: `traceparent`, `x-request-id`) travel along unchanged. `DeadLetter`
+is that record as the tools see it. A redrive adds one `RedriveStep` to the history carried in the
 `docstream.redrive` header (a JSON list, oldest first); the runtime passes that header through
 to later retry and dead-letter records, so a redriven event that fails again comes back to the
 dead-letter topic with its history.
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.runtime import headers as hdr
-from docstream import topology
+from docstream import logs, topology
 from docstream.errors import ConfigurationError
 
 HISTORY_TEXT = 500  # characters of an error message kept in a history step
@@ -228,6 +229,12 @@ class DeadLetter:
         return self.original_partition if self.original_partition is not None else self.partition
 
     @property
+    def trace(self) -> dict[str, str]:
+        """The event's `traceparent`, `trace_id` and `request_id` (x-request-id) from its headers,
+        those that are well-formed (docstream.logs.trace_fields)."""
+        return logs.trace_fields(self.headers)
+
+    @property
     def error_class_short(self) -> str:
         return self.error_class.rsplit(".", 1)[-1]
 
@@ -256,6 +263,7 @@ class DeadLetter:
             "error": {"class": self.error_class, "message": self.error_message},
             "redrives": [s.to_dict() for s in self.history],
         }
+        out |= self.trace  # traceparent, trace_id, request_id: those it carries
         if self.history_problem:
             out["redrive_header_problem"] = self.history_problem
         if details:
