@@ -89,7 +89,8 @@ def test_a_posted_document_is_done_in_the_four_groups_and_the_warehouse(
         assert image.content[:4] == b"RIFF" and image.content[8:12] == b"WEBP"
 
         _, rows = warehouse.query(
-            "SELECT stage, count() FROM docstream.current_results WHERE document_id = {id:String} GROUP BY stage",
+            "SELECT stage, count() FROM docstream.current_results WHERE document_id = {id:String}"
+            " GROUP BY stage",
             {"id": accepted["document_id"]},
         )
         assert dict(rows) == {"ocr": 1, "embeddings": 1, "thumbnails": 1}
