@@ -5,7 +5,8 @@ further than their syntax. A valid incoming `traceparent` keeps its trace id and
 API's own span (a new span id) becomes the parent of everything downstream, as W3C Trace Context
 asks of an intermediary; `tracestate` travels along unchanged when it is short and printable.
 A request id is 1-128 characters of `[A-Za-z0-9._:-]`; anything else is replaced by a new one
-(a UUID's 32 hex digits), so that a hostile header never reaches a log line or a Kafka header.
+(a UUID's 32 hex digits), so that a hostile header never reaches a log line or a Kafka header. The
+syntax rules are the workers' own (`docstream.logs`), which check the same headers again.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from docstream.logs import valid_request_id, valid_traceparent
+
 REQUEST_ID_HEADER = "x-request-id"
 TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _TRACESTATE = re.compile(r"[\x20-\x7e]{1,512}")
 
 
@@ -58,17 +59,11 @@ def trace_context(
     random_bytes: Callable[[int], bytes] = os.urandom,
 ) -> TraceContext:
     """The request's id and trace context from its headers (any of them may be missing or bad)."""
-    rid = request_id if request_id is not None and _REQUEST_ID.fullmatch(request_id) else None
-    rid = rid or uuid.UUID(bytes=random_bytes(16), version=4).hex
+    rid = valid_request_id(request_id) or uuid.UUID(bytes=random_bytes(16), version=4).hex
     span = _nonzero_hex(random_bytes(8))
-    match = _TRACEPARENT.fullmatch(traceparent.strip().lower()) if traceparent else None
-    if (
-        match is not None
-        and match.group(1) != "ff"
-        and set(match.group(2)) != {"0"}
-        and set(match.group(3)) != {"0"}
-    ):
-        parent = f"00-{match.group(2)}-{span}-{match.group(4)}"
+    parent = valid_traceparent(traceparent.strip().lower()) if traceparent else None
+    if parent is not None:
+        _, trace_id, _, flags = parent.split("-")
         state = tracestate.strip() if tracestate and _TRACESTATE.fullmatch(tracestate.strip()) else None
-        return TraceContext(rid, parent, state)
+        return TraceContext(rid, f"00-{trace_id}-{span}-{flags}", state)
     return TraceContext(rid, f"00-{_nonzero_hex(random_bytes(16))}-{span}-01", None)
