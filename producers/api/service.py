@@ -9,7 +9,9 @@ flushes the publisher. The HTTP app (producers.api.app) only calls into this obj
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 from consumers.ops.lag.monitor import LagMonitor
 from consumers.warehouse.query_client import find_owner, open_for_queries
 from consumers.warehouse.query_server import data_dir
-from docstream.blobstore import BlobStore
+from docstream.blobstore import BlobStore, private_file
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config
 from docstream.kafka.connection import ConnectionWatch
@@ -60,6 +62,7 @@ class ApiService:
     ingest: Ingest
     blobs: BlobStore
     groups: dict[str, str]  # short name -> group id
+    lock: int  # the file descriptor holding the state folder's lock
     _warehouse_seen: tuple[float, dict[str, Any]] | None = None
 
     @classmethod
@@ -68,6 +71,7 @@ class ApiService:
         state = state_dir or settings.api_state_dir
         connection = connection_config(settings)
         groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
+        lock = _hold_state(state)
         keys = KeyStore(settings.api_keys_db)
         registry = Registry(state / "documents.db")
         outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
@@ -136,6 +140,7 @@ class ApiService:
             ingest,
             blobs,
             groups,
+            lock,
         )
 
     def start(self) -> ApiService:
@@ -154,6 +159,7 @@ class ApiService:
             log.warning("api: closing the producer: %s", exc)
         self.outbox.close()
         self.registry.close()
+        os.close(self.lock)  # releases the state folder
 
     def __enter__(self) -> ApiService:
         return self.start()
@@ -233,6 +239,23 @@ class ApiService:
             answer.update(reachable=False, error=(str(exc).splitlines() or [type(exc).__name__])[0][:300])
         self._warehouse_seen = (now, answer)
         return answer
+
+
+def _hold_state(state: Path) -> int:
+    """Lock the API's state folder for this process: two processes relaying one outbox would send
+    its records twice. The lock goes with the process, however it ends."""
+    path = state / "api.lock"
+    private_file(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigurationError(
+            f"another API process uses the state folder {state}; give this one its own"
+            " (DOCSTREAM_API__STATE_DIR)"
+        ) from None
+    return fd
 
 
 def _redacted(url: str) -> str:

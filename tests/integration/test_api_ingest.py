@@ -252,3 +252,10 @@ def test_health_metrics_and_openapi(api: ServedApi, api_settings: Settings) -> N
     post = spec["paths"]["/v1/documents"]["post"]
     assert {"202", "401", "413", "429", "503"} <= set(post["responses"])
     assert {"multipart/form-data", "application/json"} <= set(post["requestBody"]["content"])
+
+
+def test_one_api_process_per_state_folder(api: ServedApi, api_settings: Settings) -> None:
+    from docstream.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="another API process uses the state folder"):
+        ApiService.from_settings(api_settings)
