@@ -28,12 +28,13 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -42,7 +43,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -104,9 +105,54 @@ class Accepted(BaseModel):
 
 class JsonUpload(BaseModel):
     uri: str = Field(description="file:// URI inside an import root, under <root>/<tenant>/")
-    priority: Priority = Priority.INTERACTIVE
+    # a Literal, not the Priority enum: the schema is inlined in the request body, where a $ref to
+    # the enum's $defs would not resolve
+    priority: Literal["interactive", "bulk"] = "interactive"
     reprocess: bool = False
     attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class DocumentRef(BaseModel):
+    document_id: str
+
+
+class PageText(BaseModel):
+    page: int | None
+    text: str | None
+
+
+class DocumentText(DocumentRef):
+    model_version: str | None
+    pages: list[PageText]
+
+
+class Chunk(BaseModel):
+    page: int | None
+    index: int | None
+    text: str | None
+    char_start: int | None
+    char_end: int | None
+
+
+class DocumentChunks(DocumentRef):
+    model_version: str | None
+    chunks: list[Chunk]
+
+
+class DocumentStatus(DocumentRef):
+    tenant: str
+    content_sha256: str
+    size_bytes: int
+    content_type: str
+    uploads: int
+    uploaded_at_ms: int
+    partition: int
+    offset: int | None
+    request_id: str
+    traceparent: str
+    groups: dict[str, dict[str, Any]] = Field(
+        description="per group: state (outbox, queued, processing, done, failed) and its details"
+    )
 
 
 _UPLOAD_BODY = {
@@ -120,7 +166,8 @@ _UPLOAD_BODY = {
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
                         "priority": {"type": "string", "enum": ["interactive", "bulk"]},
-                        "reprocess": {"type": "boolean"},
+                        # a form field is text: true | false (1 | 0 are read alike)
+                        "reprocess": {"type": "string", "enum": ["true", "false", "1", "0"]},
                     },
                 }
             },
@@ -240,7 +287,16 @@ class FrontMiddleware:
 # -- the app --------------------------------------------------------------------------------
 
 
-def _principal(request: Request) -> Principal:
+# Declared for the OpenAPI document (its security schemes); the key is read from the headers below.
+_BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer dsk_...")
+_API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: dsk_...")
+
+
+def _principal(
+    request: Request,
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    _api_key: Annotated[str | None, Depends(_API_KEY)],
+) -> Principal:
     """The tenant of the request's API key (`Authorization: Bearer` or `X-API-Key`); 401 otherwise."""
     auth = request.headers.get("authorization", "")
     presented = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key")
@@ -354,6 +410,7 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
 
     @app.get(
         "/v1/documents/{document_id}",
+        response_model=DocumentStatus,
         responses={**_ERRORS, 404: {"model": Error, "description": "no such document (of this tenant)"}},
         summary="Where a document is, per group",
     )
@@ -381,7 +438,10 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
     _not_found = {**_ERRORS, 404: {"model": Error, "description": "no such document, or no result yet"}}
 
     @app.get(
-        "/v1/documents/{document_id}/text", responses=_not_found, summary="The document's text, per page"
+        "/v1/documents/{document_id}/text",
+        response_model=DocumentText,
+        responses=_not_found,
+        summary="The document's text, per page",
     )
     def text(document_id: str, who: Authorized) -> dict[str, Any]:
         row, detail = _result(document_id, who, "ocr")
@@ -389,7 +449,12 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
         pages = [{"page": p.get("page"), "text": p.get("text")} for p in stored.get("pages", [])]
         return {"document_id": row.document_id, "model_version": detail.get("model_version"), "pages": pages}
 
-    @app.get("/v1/documents/{document_id}/chunks", responses=_not_found, summary="The embedded chunks")
+    @app.get(
+        "/v1/documents/{document_id}/chunks",
+        response_model=DocumentChunks,
+        responses=_not_found,
+        summary="The embedded chunks",
+    )
     def chunks(document_id: str, who: Authorized) -> dict[str, Any]:
         row, detail = _result(document_id, who, "embeddings")
         stored = _read_result("embeddings", detail)
@@ -445,7 +510,30 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
             stored = await anyio.to_thread.run_sync(service.blobs.put_content, data)
             return JSONResponse({"sha256": stored.sha256}, 202)
 
+    generated = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _without_validation_422(generated())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _without_validation_422(spec: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI documents a 422 `HTTPValidationError` on every operation with parameters; this app
+    answers invalid parameters with 400 `Error` (documented), so those 422s are dropped (an
+    upload's own 422, `Error`, stays)."""
+    for operation in (op for path in spec.get("paths", {}).values() for op in path.values()):
+        answer = operation.get("responses", {}).get("422")
+        if answer is not None and "HTTPValidationError" in json.dumps(answer):
+            del operation["responses"]["422"]
+    schemas = spec.get("components", {}).get("schemas", {})
+    if "HTTPValidationError" not in json.dumps(spec.get("paths", {})):
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+    return spec
 
 
 async def _read_upload(request: Request) -> dict[str, Any]:
@@ -455,13 +543,17 @@ async def _read_upload(request: Request) -> dict[str, Any]:
     if ctype == "application/json":
         try:
             raw = json.loads(await request.body())
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+            raise Refused(400, f"invalid JSON: {str(exc)[:200]}") from None
+        try:
             parsed = JsonUpload.model_validate(raw)
-        except ValueError as exc:
-            first = str(exc).splitlines()[0][:300]
-            raise Refused(400, f"invalid JSON upload: {first}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]  # a ValidationError has at least one
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise Refused(400, f"invalid JSON upload: {where}: {first['msg']}") from None
         return {
             "uri": parsed.uri,
-            "priority": parsed.priority,
+            "priority": Priority(parsed.priority),
             "reprocess": parsed.reprocess,
             "attributes": parsed.attributes,
         }

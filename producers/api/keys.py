@@ -28,6 +28,7 @@ import hmac
 import re
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class KeyStore:
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self._clock = clock
+        self._readers = threading.local()  # verify's connection, one per thread (see _reader)
         try:
             private_file(self.path)
         except OSError as exc:
@@ -164,18 +166,36 @@ class KeyStore:
         if match is None:
             return None
         key_id = match.group(1)
-        with self._connect() as db:
-            row = db.execute(
+        # Read on every call (a revocation counts from the next request), through a connection kept
+        # per thread: opening one, and setting its pragmas, cost more than the query (the latency
+        # benchmark, tests/bench/api_bench.py).
+        row = (
+            self._reader()
+            .execute(
                 "SELECT tenant, key_hash, revoked_at_ms, last_used_at_ms FROM api_keys WHERE key_id = ?",
                 (key_id,),
-            ).fetchone()
-            stored = row[1] if row is not None else _DUMMY_HASH
-            if not hmac.compare_digest(stored, _hash(presented)) or row is None or row[2] is not None:
-                return None
-            now_ms = self._now_ms()
-            if row[3] is None or now_ms - row[3] >= LAST_USED_EVERY_S * 1000:
+            )
+            .fetchone()
+        )
+        stored = row[1] if row is not None else _DUMMY_HASH
+        if not hmac.compare_digest(stored, _hash(presented)) or row is None or row[2] is not None:
+            return None
+        now_ms = self._now_ms()
+        if row[3] is None or now_ms - row[3] >= LAST_USED_EVERY_S * 1000:
+            with self._connect() as db:
                 db.execute("UPDATE api_keys SET last_used_at_ms = ? WHERE key_id = ?", (now_ms, key_id))
         return Principal(tenant=row[0], key_id=key_id)
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read-only use connection (autocommit: each SELECT sees the last commit)."""
+        db: sqlite3.Connection | None = getattr(self._readers, "db", None)
+        if db is None:
+            try:
+                db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            except sqlite3.Error as exc:
+                raise ConfigurationError(f"cannot open the API key store {self.path}: {exc}") from exc
+            self._readers.db = db
+        return db
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key: True when this call revoked it; False when unknown or revoked before."""
