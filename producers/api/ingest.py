@@ -244,9 +244,16 @@ class Ingest:
         """(the broker's acknowledgement, None) or (None, the outbox sequence number)."""
         if self.outbox.depth == 0 and (self.relay is None or self.relay.down_since is None):
             try:
-                future = self.publisher.publish_raw_async(self.topic, key, value, list(headers))
-                # The producer gives up at publish_timeout_s (message.timeout.ms); a little more here.
-                return future.result(self.publish_timeout_s + 1.0), None
+                # The service's poller thread serves the delivery reports and wakes this request
+                # (several requests polling one producer would each sleep until a report of their
+                # own, or a poll's timeout, came). The producer gives up at publish_timeout_s
+                # (message.timeout.ms); a little more here.
+                acknowledged = threading.Event()
+                future = self.publisher.publish_raw_async(
+                    self.topic, key, value, list(headers), on_delivery=lambda _: acknowledged.set()
+                )
+                if acknowledged.wait(self.publish_timeout_s + 1.0):
+                    return future.result(0), None
             except (TimeoutError, DeliveryError, KafkaError):
                 pass  # the outbox takes it: the same bytes, relayed in order
         try:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -64,6 +65,8 @@ class ApiService:
     groups: dict[str, str]  # short name -> group id
     lock: int  # the file descriptor holding the state folder's lock
     _warehouse_seen: tuple[float, dict[str, Any]] | None = None
+    _poller: threading.Thread | None = None
+    _polling: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, state_dir: Path | None = None) -> ApiService:
@@ -86,6 +89,9 @@ class ApiService:
             overrides={
                 "logger": watch_log.client_config()["logger"],
                 "message.timeout.ms": max(1000, int(api.publish_timeout_s * 1000)),
+                # A caller waits for each acknowledgement: send a produce request at once rather
+                # than letting Nagle hold small segments back.
+                "socket.nagle.disable": True,
             },
         )
         relay = OutboxRelay(outbox, publisher, name="api outbox relay")
@@ -144,15 +150,30 @@ class ApiService:
         )
 
     def start(self) -> ApiService:
+        self._polling = threading.Event()
+        self._poller = threading.Thread(target=self._serve_reports, name="api delivery reports", daemon=True)
+        self._poller.start()
         self.watch.start()
         self.relay.start()
         self.tracker.start()
         return self
 
+    def _serve_reports(self) -> None:
+        """Serve the producer's delivery reports as they come: each wakes the request waiting for it."""
+        while not self._polling.is_set():
+            try:
+                self.publisher.poll(0.05)
+            except Exception as exc:  # a closed producer at shutdown
+                log.debug("api: serving delivery reports: %s", exc)
+                return
+
     def close(self) -> None:
         self.tracker.stop()
         self.relay.stop()
         self.watch.stop()
+        if self._poller is not None:
+            self._polling.set()
+            self._poller.join(5)
         try:
             self.publisher.close(timeout=5.0)
         except Exception as exc:  # events not acknowledged are in the outbox or answered 503 already
