@@ -191,6 +191,13 @@ class ApiSettings(BaseModel):
         default=2.0, gt=0, description="wait this long for the broker's acknowledgement, then use the outbox"
     )
     refresh_s: float = Field(default=2.0, gt=0, description="how often the lag behind admission is sampled")
+    rate_window_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="the completion and arrival rates behind admission are measured over this (s): shorter"
+        " than the lag monitor's minute, so a stopped or resumed group shows in the predicted wait and"
+        " Retry-After within it",
+    )
 
 
 class Settings(BaseSettings):

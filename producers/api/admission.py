@@ -20,7 +20,11 @@ A refusal says why (`backlog` or `quota`) and when to come back, `retry_after_s`
 - quota: until the tenant's bucket holds a token again.
 
 With no sample yet, or no rate measured yet on the partition, a document is admitted (`no_data`
-says so: the API shows it in /health); quotas apply all the same.
+says so: the API shows it in /health); quotas apply all the same. A group the cluster does not
+know yet (not `found`), or one that has never committed on a partition, gives no prediction there
+(its "lag" would be the whole partition and its rate 0: it would refuse every document forever,
+before the group's first worker even started); `has_data` is whether the last sample gave a
+prediction on any partition.
 """
 
 from __future__ import annotations
@@ -113,19 +117,22 @@ class AdmissionControl:
 
     @property
     def has_data(self) -> bool:
-        return self._sampled
+        """Whether the last sample predicts a wait on any partition (else every document is
+        admitted without a prediction)."""
+        return self._sampled and any(w.predicted_wait_s is not None for w in self._waits.values())
 
     def observe(self, snapshot: LagSnapshot, topic: str) -> None:
         """A new sample of the lag monitor: the slowest needed group's prediction per partition of
-        `topic`. A group missing from the sample leaves those partitions without a prediction."""
+        `topic`. A group missing from the sample or not found by the cluster, or a partition the
+        group has never committed on, gives no prediction there (no data, not an unbounded wait)."""
         waits: dict[int, PartitionWait] = {}
         known = {g.group: g for g in snapshot.groups}
         for name in self.groups:
             group = known.get(name)
-            if group is None:
+            if group is None or not group.found:
                 continue
             for p in group.partitions:
-                if p.topic != topic:
+                if p.topic != topic or p.committed_offset is None:
                     continue
                 wait = _predicted_wait(p.offset_lag, p.completion_rate)
                 current = waits.get(p.partition)

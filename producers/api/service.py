@@ -107,7 +107,9 @@ class ApiService:
             default_quota=Quota(api.quota_rate_per_s, api.quota_burst),
             bulk_share=api.bulk_share,
         )
-        monitor = LagMonitor.from_settings(settings, groups=list(groups.values()), request_timeout_s=5.0)
+        monitor = LagMonitor.from_settings(
+            settings, groups=list(groups.values()), request_timeout_s=5.0, rate_window_s=api.rate_window_s
+        )
         watch = ClusterWatch(
             monitor,
             admission,
@@ -222,7 +224,8 @@ class ApiService:
                 "has_data": self.admission.has_data,
                 "note": None
                 if self.admission.has_data
-                else "no lag sample yet: every document is admitted (quotas apply)",
+                else "no prediction yet (no lag sample, or no needed group has committed and has a"
+                " measured rate): every document is admitted (quotas apply)",
                 "objective_s": self.admission.objective_s,
             },
             "outbox": {

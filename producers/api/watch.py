@@ -11,6 +11,14 @@ A `ClusterWatch` thread samples, every `refresh_s`:
 What it last saw (`view()`) answers /health and the queue positions of GET /v1/documents/{id}.
 When sampling fails it logs one WARNING ("cluster unreachable"), keeps the last sample (marked
 stale by its age), and one INFO line when a sample succeeds again; never a line per attempt.
+
+Each refresh first asks the broker for the upload topic's metadata (`probe_timeout_s`): only when
+that answers are the groups sampled. The monitor's admin requests (ListConsumerGroupOffsets, which
+look a group's coordinator up) must not be left in flight against a stopped or restarting broker:
+librdkafka 2.16 aborts the whole process there (`rd_kafka_enq_once_del_source_return: Assertion
+eonce->refcnt > 0`, seen with the API's outbox test, most runs), taking the front door down with
+it. After an outage the monitor awaits each group's coordinator through a consumer again before
+its first admin request (`LagMonitor.await_coordinators_again`, confluentinc/librdkafka#5040).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class ClusterWatch:
         default_partitions: int,
         refresh_s: float = 2.0,
         dead_letters_every_s: float = 30.0,
+        probe_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.monitor, self.admission, self.topic, self.groups = monitor, admission, topic, groups
@@ -74,6 +83,8 @@ class ClusterWatch:
         self._dlq_at = 0.0
         self._dlq_partitions: dict[str, int] = {}
         self._consumer: Any = None
+        self.probe_timeout_s = probe_timeout_s
+        self._probe: Any = None
 
     def view(self) -> ClusterView:
         return self._view
@@ -91,12 +102,18 @@ class ClusterWatch:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
         self.monitor.close()
 
     def refresh(self) -> ClusterView:
         """One sample, now (the thread calls it; tests and start-up may too)."""
         view = self._view
         try:
+            self._probe_broker()
+            if view.reachable is False:
+                self.monitor.await_coordinators_again()
             snapshot = self.monitor.sample()
         except Exception as exc:  # the cluster away, a timeout: keep the last sample
             if view.reachable is not False:
@@ -119,6 +136,12 @@ class ClusterWatch:
                 log.debug("api: cannot count dead letters: %s", exc)
         self._view = ClusterView(snapshot, now, True, None, partitions, dead)
         return self._view
+
+    def _probe_broker(self) -> None:
+        """The upload topic's metadata from the broker; raises when no broker answers in time."""
+        if self._probe is None:
+            self._probe = clients.consumer(reader_config(self._connection, "api-probe"))
+        self._probe.list_topics(self.topic, timeout=self.probe_timeout_s)
 
     def _run(self) -> None:
         while not self._stopping.is_set():

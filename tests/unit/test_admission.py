@@ -140,3 +140,36 @@ def test_nonsense_settings_are_refused(objective: float, share: float, quota: tu
 def test_a_quota_needs_a_positive_rate_and_a_burst_of_one_or_more(rate: float, burst: float) -> None:
     with pytest.raises(ValueError, match="quota"):
         Quota(rate_per_s=rate, burst=burst)
+
+
+def test_a_group_not_found_or_never_committed_gives_no_prediction_and_blocks_nothing() -> None:
+    """A group whose workers have not started yet reads, to the lag model, as lag = the whole
+    partition at a completion rate of 0: an unbounded wait. It must not refuse every document."""
+    control = _control()
+    never = PartitionLag(TOPIC, 0, None, 500, 500, None, "unknown", 1.0, 0.0, HealthStatus.OK)
+    committed_elsewhere = GroupLag(
+        "ocr", True, "Stable", 1, (never,), 500, None, None, 0.0, math.inf, None, HealthStatus.OK, None, None
+    )
+    unknown = GroupLag(
+        "embeddings",
+        False,
+        "DEAD",
+        0,
+        (PartitionLag(TOPIC, 0, None, 500, 500, None, "unknown", 1.0, 0.0, HealthStatus.OK),),
+        500,
+        None,
+        None,
+        0.0,
+        math.inf,
+        None,
+        HealthStatus.NOTFOUND,
+        None,
+        None,
+    )
+    control.observe(_snapshot(committed_elsewhere, unknown), TOPIC)
+    decision = control.decide("acme", 0)
+    assert decision.admitted and decision.no_data and decision.predicted_wait_s is None
+    assert not control.has_data, "no prediction anywhere: /health says every document is admitted"
+
+    control.observe(_snapshot(_group("ocr", (0, 500, 0.0, 1.0))), TOPIC)
+    assert control.has_data and not control.decide("acme", 0).admitted, "a committed, stopped group refuses"

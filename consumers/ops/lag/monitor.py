@@ -108,6 +108,11 @@ class LagMonitor:
     def close(self) -> None:
         self._reader.close()
 
+    def await_coordinators_again(self) -> None:
+        """Before the next admin request for a group's offsets, await its coordinator through a
+        consumer again (as after a failed sample): for a caller that saw the cluster go away."""
+        self._reader.forget_coordinators()
+
     def sample(self, now_ms: int | None = None) -> LagSnapshot:
         """Ask the cluster, update the windows, return the snapshot (also kept in `last`).
 

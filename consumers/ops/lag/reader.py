@@ -110,6 +110,10 @@ class LagReader:
         self._metadata_at = -math.inf
         self._coordinated: set[str] = set()  # groups whose coordinator answered a consumer
 
+    def forget_coordinators(self) -> None:
+        """Await every group's coordinator through a consumer again before asking the admin client."""
+        self._coordinated.clear()
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
