@@ -85,7 +85,7 @@ class ApiService:
         # acknowledgement was lost: then the copy is identical, and consumers count it once).
         publisher = Publisher.from_settings(
             settings,
-            linger_ms=1,
+            linger_ms=0,
             overrides={
                 "logger": watch_log.client_config()["logger"],
                 "message.timeout.ms": max(1000, int(api.publish_timeout_s * 1000)),
