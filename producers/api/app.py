@@ -64,6 +64,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _DOCUMENT_ID = re.compile(r"[0-9a-f]{32}")
 MULTIPART_OVERHEAD = 64 * 1024  # form fields and part headers around the file
+# A JSON upload names its file, it does not carry it: its event stays far below Kafka's record limit.
+MAX_JSON_BYTES = 64 * 1024
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -109,7 +111,9 @@ class JsonUpload(BaseModel):
     # the enum's $defs would not resolve
     priority: Literal["interactive", "bulk"] = "interactive"
     reprocess: bool = False
-    attributes: dict[str, str] = Field(default_factory=dict)
+    attributes: dict[
+        Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=1024)]
+    ] = Field(default_factory=dict, max_length=32, description="at most 32, names up to 64 characters")
 
 
 class DocumentRef(BaseModel):
@@ -544,8 +548,13 @@ async def _read_upload(request: Request) -> dict[str, Any]:
     `attributes`. Refused (400) when the body is neither a multipart with a file nor a JSON upload."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json":
+        body = await request.body()
+        if len(body) > MAX_JSON_BYTES:
+            raise Refused(
+                413, f"a JSON upload is at most {MAX_JSON_BYTES} bytes: it names a file, it does not carry it"
+            )
         try:
-            raw = json.loads(await request.body())
+            raw = json.loads(body)
         except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
             raise Refused(400, f"invalid JSON: {str(exc)[:200]}") from None
         try:

@@ -227,6 +227,13 @@ def test_bad_input_is_refused_with_a_reason_and_nothing_is_published(
     ):
         answer = requests.post(f"{api.url}/v1/documents", headers=auth, json={"uri": uri}, timeout=10)
         assert answer.status_code == 400, (uri, answer.text)
+    mine_uri = f"file://{inbox}/acme/missing.pdf"
+    too_many = {"uri": mine_uri, "attributes": {f"k{i}": "v" for i in range(33)}}
+    too_long = {"uri": mine_uri, "attributes": {"k": "v" * 1025}}
+    padded = {"uri": mine_uri, "attributes": {"k": "v"}, "pad": "x" * 70_000}
+    for body, status in ((too_many, 400), (too_long, 400), (padded, 413)):
+        answer = requests.post(f"{api.url}/v1/documents", headers=auth, json=body, timeout=10)
+        assert answer.status_code == status, answer.text
     assert [end_offset(broker.bootstrap, p) for p in range(PARTITIONS)] == ends
 
     (inbox / "acme" / "mine.pdf").write_bytes(text_pdf([f"mine {uuid.uuid4().hex}"]))

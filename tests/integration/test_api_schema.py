@@ -202,9 +202,11 @@ def test_hostile_bodies_and_indices_are_refused_not_crashed(api: ServedApi, api_
     auth = {"Authorization": f"Bearer {KeyStore(api_settings.api_keys_db).create('hostile').key}"}
     url = f"{api.url}/v1/documents"
     json_type = {**auth, "Content-Type": "application/json"}
-    for body in (b"[" * 200_000, b'{"uri": ' + b"[" * 50_000, b'{"uri": "\xff\xfe"}', b"[1]", b'{"uri": 5}'):
+    for body in (b"[" * 60_000, b'{"uri": ' + b"[" * 50_000, b'{"uri": "\xff\xfe"}', b"[1]", b'{"uri": 5}'):
         answer = requests.post(url, headers=json_type, data=body, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"], (body[:20], answer.text)
+    too_big = requests.post(url, headers=json_type, data=b"[" * 200_000, timeout=30)
+    assert too_big.status_code == 413 and too_big.json()["error"]
     for ctype, body in (
         ("multipart/form-data", b"xx"),
         ("multipart/form-data; boundary=a", b'--a\r\nContent-Disposition: form-data; name="file"\r\n\r\nab'),
