@@ -168,12 +168,16 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
         ):
             assert time.monotonic() < deadline, "the restarted API did not drain the outbox"
             time.sleep(0.25)
-    finally:
+        # A graceful stop as a supervisor asks for it: SIGTERM, a clean exit, its line in the log.
         api.send_signal(signal.SIGTERM)
-        try:
-            api.wait(20)
-        except subprocess.TimeoutExpired:
+        stopped_at = time.monotonic()
+        assert api.wait(20) == 0, log.read_text()[-2000:]
+        assert time.monotonic() - stopped_at < 15
+        assert "api: stopped" in log.read_text()
+    finally:
+        if api.poll() is None:
             api.kill()
+            api.wait(10)
 
     records = read_all(broker.bootstrap)
     first: dict[bytes, tuple[bytes | None, list[Any]]] = {}
