@@ -8,6 +8,7 @@ import io
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -231,7 +232,8 @@ def test_bad_input_is_refused_with_a_reason_and_nothing_is_published(
     too_many = {"uri": mine_uri, "attributes": {f"k{i}": "v" for i in range(33)}}
     too_long = {"uri": mine_uri, "attributes": {"k": "v" * 1025}}
     padded = {"uri": mine_uri, "attributes": {"k": "v"}, "pad": "x" * 70_000}
-    for body, status in ((too_many, 400), (too_long, 400), (padded, 413)):
+    json_cases: list[tuple[dict[str, Any], int]] = [(too_many, 400), (too_long, 400), (padded, 413)]
+    for body, status in json_cases:
         answer = requests.post(f"{api.url}/v1/documents", headers=auth, json=body, timeout=10)
         assert answer.status_code == status, answer.text
     assert [end_offset(broker.bootstrap, p) for p in range(PARTITIONS)] == ends
