@@ -9,6 +9,8 @@ finish, then closes the service (threads stopped, producer flushed).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
@@ -38,6 +40,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a SIGTERM / SIGINT ends `run()` instead of killing the process.
+
+    uvicorn shuts down gracefully on those signals and then raises the signal again with the
+    handler it found, which kills the process before `docstream api serve` has closed the service
+    (the relay stopped, the producer flushed). Here the signal only asks for the graceful stop:
+    the command returns, closes the service and exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def server(service: ApiService, sock: socket.socket, *, bench_routes: bool = False) -> uvicorn.Server:
     config = uvicorn.Config(
         create_app(service, bench_routes=bench_routes),
@@ -46,7 +69,7 @@ def server(service: ApiService, sock: socket.socket, *, bench_routes: bool = Fal
         timeout_graceful_shutdown=10,
         lifespan="off",
     )
-    return uvicorn.Server(config)
+    return _Server(config)
 
 
 def url_of(sock: socket.socket) -> str:

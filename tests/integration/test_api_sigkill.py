@@ -72,6 +72,8 @@ def start_api(home: Path, broker: LocalBroker, port: int, log: Path) -> subproce
         "DOCSTREAM_TOPIC_PARTITIONS": str(PARTITIONS),
         "DOCSTREAM_API__PUBLISH_TIMEOUT_S": "1.0",
         "DOCSTREAM_API__REFRESH_S": "0.5",
+        # 300 uploads in a few seconds: over the default burst of 200, which is not under test here
+        "DOCSTREAM_API__QUOTA_BURST": "1000",
     }
     with log.open("ab") as out:
         process = subprocess.Popen(
