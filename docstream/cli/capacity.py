@@ -215,6 +215,7 @@ def render_plan(p: Plan, out: Console, sources: dict[str, Any] | None = None) ->
         ("  with wait + S ≤ T", _int(p.replicas_needed_sojourn)),
         ("  with split queues", _int(p.replicas_needed_split)),
         ("max utilisation for the spread", f"{p.max_utilisation:.3g} (Cs² ≈ {p.cs2:.3g})"),
+        ("  replicas for it, ceil(a/max)", str(p.replicas_for_utilisation)),
         (
             "max.poll.interval.ms ≥",
             f"{p.max_poll_interval_ms} (shutdown_timeout_s {p.shutdown_timeout_s:g}; p99 {p.p99_source})",

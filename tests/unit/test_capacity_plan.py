@@ -173,6 +173,9 @@ def test_the_spread_rule() -> None:
     assert cs2 == pytest.approx(4.715, abs=1e-3) and rho == pytest.approx(0.5833, abs=1e-3)
     p = plan(PlanInputs(arrival_rate=80, service_time=0.04, objective_s=0.2, replicas=4, service_p99=0.4))
     assert any("heavier tail" in w for w in p.warnings)
+    assert p.replicas_for_utilisation == 6  # ceil(3.2 / 0.5833) = ceil(5.49)
+    # Without a p99 the ceiling is the scaling policy's target (0.8): its arrival rule's count.
+    assert plan(PlanInputs(80, 0.04, 0.2)).replicas_for_utilisation == 4  # ceil(3.2 / 0.8)
 
 
 def test_bad_inputs_are_value_errors() -> None:

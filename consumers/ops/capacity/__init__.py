@@ -4,6 +4,8 @@ queueing.py  M/M/1 and M/M/c (Erlang C by the stable Erlang B recurrence), poole
              queues, Little's law, the per-replica lag target, the replicas an objective needs,
              the max.poll.interval.ms a p99 needs and the utilisation a p99/mean spread allows:
              `plan(PlanInputs(...)) -> Plan` (`docstream plan`, docs/capacity.md)
+measure.py   a stage's real service time on the sample documents (`docstream measure`); not
+             imported here: it loads the stages' code
 """
 
 from __future__ import annotations

@@ -270,6 +270,7 @@ class Plan:
     replicas_needed_uncapped: int | None
     replicas_needed_sojourn: int | None  # if the objective bounded wait + service instead
     replicas_needed_split: int | None  # if the work stayed pinned (split queues)
+    replicas_for_utilisation: int  # ceil(a / max_utilisation): the scaling policy's arrival rule
     max_poll_interval_ms: int
     shutdown_timeout_s: float
     p99_source: str  # "given" or "exponential estimate (mean x ln 100)"
@@ -299,6 +300,7 @@ class Plan:
             "replicas_needed_uncapped": self.replicas_needed_uncapped,
             "replicas_needed_sojourn": self.replicas_needed_sojourn,
             "replicas_needed_split": self.replicas_needed_split,
+            "replicas_for_utilisation": self.replicas_for_utilisation,
             "max_poll_interval_ms": self.max_poll_interval_ms,
             "shutdown_timeout_s": self.shutdown_timeout_s,
             "p99_source": self.p99_source,
@@ -362,6 +364,7 @@ def plan(inputs: PlanInputs) -> Plan:
         p99, p99_source = inputs.service_time * EXPONENTIAL_P99_RATIO, "exponential estimate (mean x ln 100)"
     poll_ms, shutdown_s = max_poll_interval_ms(p99)
     rho_max, cs2 = max_utilisation(inputs.service_time, inputs.service_p99, inputs.target_utilisation)
+    for_utilisation = max(1, math.ceil(a / rho_max * (1 - 1e-12)))
     if stable and rho > rho_max:
         if inputs.service_p99 is not None and cs2 > 1:
             why = (
@@ -371,7 +374,10 @@ def plan(inputs: PlanInputs) -> Plan:
             )
         else:
             why = "the target utilisation of the scaling policy (headroom for bursts)"
-        warnings.append(f"utilisation {rho:.3g} above {rho_max:.3g}: {why}; run more replicas")
+        warnings.append(
+            f"utilisation {rho:.3g} above {rho_max:.3g}: {why}; run {for_utilisation} replicas "
+            f"(ceil(a / {rho_max:.3g}))"
+        )
 
     return Plan(
         inputs=inputs,
@@ -391,6 +397,7 @@ def plan(inputs: PlanInputs) -> Plan:
         replicas_needed_uncapped=needed_uncapped,
         replicas_needed_sojourn=replicas_needed(lam, mu, t, sojourn=True),
         replicas_needed_split=split_replicas_needed(lam, mu, t),
+        replicas_for_utilisation=for_utilisation,
         max_poll_interval_ms=poll_ms,
         shutdown_timeout_s=shutdown_s,
         p99_source=p99_source,
