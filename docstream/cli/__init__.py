@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import api, broker, dlq, lag, publish, replay, run, schemas, topics, warehouse
+from docstream.cli import api, broker, dlq, lag, publish, replay, run, schemas, simulate, topics, warehouse
 
 app = typer.Typer(
     name="docstream",
@@ -22,6 +22,7 @@ run.register(app)
 warehouse.register(app)
 lag.register(app)
 replay.register(app)
+simulate.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Capacity planning: queueing models and the simulation of scaling policies (issue 14)."""
