@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from docstream.cli import api, broker, capacity, dlq, lag, publish, replay, run, schemas, topics, warehouse
+from docstream.cli import (
+    api,
+    broker,
+    capacity,
+    dlq,
+    lag,
+    publish,
+    replay,
+    run,
+    schemas,
+    simulate,
+    topics,
+    warehouse,
+)
 
 app = typer.Typer(
     name="docstream",
@@ -23,6 +36,7 @@ warehouse.register(app)
 lag.register(app)
 replay.register(app)
 capacity.register(app)
+simulate.register(app)
 
 
 def main() -> None:

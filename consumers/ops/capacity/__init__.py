@@ -6,6 +6,10 @@ queueing.py  M/M/1 and M/M/c (Erlang C by the stable Erlang B recurrence), poole
              `plan(PlanInputs(...)) -> Plan` (`docstream plan`, docs/capacity.md)
 measure.py   a stage's real service time on the sample documents (`docstream measure`); not
              imported here: it loads the stages' code
+simulate.py  a seeded discrete-event simulation of arrivals, service, cold starts and scaling
+             policies (reactive, docstream's own, a warm pool); `scenario.py` loads its YAML
+             scenarios (infra/scenarios/), `plot.py` draws its timeline (`docstream simulate`,
+             docs/simulate.md)
 """
 
 from __future__ import annotations
