@@ -65,8 +65,10 @@ DEFAULT_RESTART_BACKOFF_MAX_S = 60.0
 
 def observation(group: GroupLag, current_replicas: int, now_ms: int) -> Observation | None:
     """The policy's inputs from a group's lag model, as `LagMonitor` builds them, with the
-    replicas this autoscaler runs as the current count; None while the rates are unknown or the
-    group's topics have no partitions."""
+    replicas this autoscaler runs as the current count and the group's members (at most that
+    many) as the ready ones: a child still loading its model has not joined, and completions are
+    measured per ready replica; None while the rates are unknown or the group's topics have no
+    partitions."""
     if group.arrival_rate is None or group.completion_rate is None or not group.partitions:
         return None
     return Observation(
@@ -77,6 +79,8 @@ def observation(group: GroupLag, current_replicas: int, now_ms: int) -> Observat
         completion_rate=max(0.0, group.completion_rate),
         backlog_s=group.max_time_lag_s or 0.0,
         partitions=len(group.partitions),
+        # no members at all (a rebalance, a description not read): readiness unknown
+        ready_replicas=min(current_replicas, group.members) if group.members > 0 else None,
     )
 
 

@@ -315,3 +315,19 @@ def test_cli_bad_scenario_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["simulate", str(path)])
     assert result.exit_code == 2
     assert "arrivals.to" in result.output
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_docstream_beats_the_reactive_policy_on_the_readings_step(seed: int) -> None:
+    # Issue 14, point 4: time outside the objective <= 0.5x the reactive HPA's at <= 1.2x its
+    # replica-hours, per seed (seeds 1..6 here, ~1.2 s each; 1..10 are in docs/simulate.md).
+    scenario = load_scenario("reading-step")
+    runs = {
+        spec.kind: simulate_policy(scenario, spec, seed=seed)[0]
+        for spec in scenario.policies
+        if spec.kind in ("reactive", "docstream")
+    }
+    reactive, docstream = runs["reactive"], runs["docstream"]
+    assert docstream.time_outside_s <= 0.5 * reactive.time_outside_s
+    assert docstream.replica_hours <= 1.2 * reactive.replica_hours
+    assert docstream.time_to_drain_s is not None and not docstream.breached_at_end

@@ -118,8 +118,54 @@ def test_arrival_rule_has_headroom() -> None:
     # 300/s at μ 50/s is 6 replicas at 100 %; at the 0.8 utilisation target it is ceil(7.5) = 8.
     d = once(cfg(), obs(arrival_rate=300.0, lag_events=100))
     assert (d.by_arrival, d.desired_replicas, d.rule) == (8, 8, Rule.ARRIVAL)
-    d = once(cfg(target_utilisation=1.0), obs(arrival_rate=300.0))
+    d = once(cfg(target_utilisation=1.0, wait_quantile=None), obs(arrival_rate=300.0))
     assert d.by_arrival == 6
+    # At 100 % the queue never settles: the wait rule (M/M/n, P(wait > 60 s) <= 0.1 %) asks one more.
+    d = once(cfg(target_utilisation=1.0), obs(arrival_rate=300.0))
+    assert d.by_arrival == 7
+
+
+def test_wait_rule_adds_headroom_where_the_objective_is_tight() -> None:
+    # The reading's case: 80/s, 25/s per replica, 200 ms objective. 4 replicas are 80 % busy and
+    # leave about 1 % of events waiting over 200 ms (Erlang C 0.596 x e^-4); 5 leave 0.002 %.
+    config = cfg(objective_s=0.2, service_rate_per_replica=25.0)
+    d = once(config, obs(arrival_rate=80.0, lag_events=0))
+    assert (d.by_arrival, d.desired_replicas) == (5, 5)
+    assert once(replace(config, wait_quantile=None), obs(arrival_rate=80.0, lag_events=0)).by_arrival == 4
+    # At 200/s the same objective needs no more than the utilisation target (10 at 80 %).
+    assert once(config, obs(arrival_rate=200.0, lag_events=0)).by_arrival == 10
+    # A loose objective never binds: 60 s at 300/s is the utilisation rule's 8.
+    assert once(cfg(), obs(arrival_rate=300.0)).by_arrival == 8
+
+
+def test_burst_ignores_a_single_noisy_breach_below_saturation() -> None:
+    # 0.3 s late against a 0.2 s objective is queue noise at 80 %: no burst on first sight ...
+    config = cfg(objective_s=0.2, service_rate_per_replica=25.0, wait_quantile=None)
+    policy = ScalingPolicy(config)
+    first = policy.evaluate(
+        obs(now_ms=0, current_replicas=4, arrival_rate=80.0, lag_events=20, backlog_s=0.3)
+    )
+    assert (first.by_burst, first.desired_replicas) == (None, 4)
+    # ... but a breach that persists to the next evaluation is one.
+    second = policy.evaluate(
+        obs(now_ms=15_000, current_replicas=4, arrival_rate=80.0, lag_events=20, backlog_s=0.4)
+    )
+    assert (second.by_burst, second.desired_replicas, second.rule) == (6, 6, Rule.BURST)
+    # A backlog at saturation (5 s) bursts at once.
+    d = once(config, obs(current_replicas=4, arrival_rate=80.0, lag_events=20, backlog_s=6.0))
+    assert d.by_burst == 6
+
+
+def test_busy_completions_count_only_ready_replicas() -> None:
+    # 12 replicas asked for, 4 serving (8 still starting): 100/s completed is 25/s each, not 8.3/s.
+    config = cfg(service_rate_per_replica=None)
+    d = once(
+        config,
+        obs(current_replicas=12, ready_replicas=4, completion_rate=100.0, backlog_s=60.0, lag_events=9000),
+    )
+    assert (d.service_rate, d.service_rate_source) == (25.0, "busy completions")
+    d = once(config, obs(current_replicas=12, completion_rate=100.0, backlog_s=60.0, lag_events=9000))
+    assert d.service_rate == pytest.approx(100.0 / 12)  # readiness unknown: all current replicas
 
 
 def test_burst_steps_up_when_backlog_exceeds_objective() -> None:

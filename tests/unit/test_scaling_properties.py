@@ -46,7 +46,21 @@ def configs(draw: st.DrawFn, calm: bool = False) -> ScalingConfig:
         max_scale_in=draw(st.integers(1, 3)),
         service_rate_per_replica=draw(st.one_of(st.none(), st.floats(1.0, 500.0))),
         saturation_backlog_s=draw(st.sampled_from([0.0, 5.0])),
+        wait_quantile=draw(st.sampled_from([None, 0.999])),
     )
+
+
+def erlang_c_replicas(rate: float, mu: float, objective_s: float, tail: float, cap: int) -> int:
+    """The oracle of the wait rule, from the closed form of Erlang C (not the policy's recursion)."""
+    a = rate / mu
+    for n in range(1, cap + 1):
+        if n <= a:
+            continue
+        top = a**n / math.factorial(n) * n / (n - a)
+        c = top / (sum(a**k / math.factorial(k) for k in range(n)) + top)
+        if c * math.exp(-(n * mu - rate) * objective_s) <= tail:
+            return n
+    return cap
 
 
 observations = st.fixed_dictionaries(
@@ -141,6 +155,9 @@ def test_steady_inputs_give_a_steady_answer(
         math.ceil(lag / (mu * config.objective_s) - 1e-9),
         math.ceil(arrival / (mu * config.target_utilisation) - 1e-9),
     )
+    if config.wait_quantile is not None and raw < cap and arrival > 0:
+        # the arrival rule also keeps P(wait > objective) within 1 - wait_quantile (M/M/n)
+        raw = max(raw, erlang_c_replicas(arrival, mu, config.objective_s, 1 - config.wait_quantile, cap))
     expected = min(max(raw, lower), cap)
     tail = trace[horizon // STEP_S :]
     assert set(tail) == {expected}

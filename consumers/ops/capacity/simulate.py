@@ -78,6 +78,7 @@ class Metrics:
     arrival_rate: float  # events/s over the policy's rate window
     completion_rate: float  # events/s over the same window
     head_age_s: float  # how long the oldest waiting event has waited (the time lag)
+    ready: int | None = None  # replicas that serve now (started and ready, within the partitions)
 
     @property
     def lag(self) -> int:
@@ -176,7 +177,8 @@ class _Docstream:
 
     def desired(self, m: Metrics, current: int) -> int:
         # As consumers.ops.autoscaler.observation: current = the live replicas (started, ready or
-        # not), lag = waiting + in service, backlog_s = the time lag (the oldest unsettled event).
+        # not), ready = those that serve (the group's members), lag = waiting + in service,
+        # backlog_s = the time lag (the oldest unsettled event).
         obs = Observation(
             now_ms=round(m.t * 1000),
             current_replicas=current,
@@ -185,6 +187,7 @@ class _Docstream:
             completion_rate=max(0.0, m.completion_rate),
             backlog_s=m.head_age_s,
             partitions=self.partitions,
+            ready_replicas=m.ready,
         )
         return self.policy.evaluate(obs).desired_replicas
 
@@ -470,6 +473,7 @@ def simulate_policy(
                 arrival_rate=(arrived_cum[-1] - arrived_cum[lo]) / span,
                 completion_rate=(completed_cum[-1] - completed_cum[lo]) / span,
                 head_age_s=end - waiting[0] if waiting else 0.0,
+                ready=ready_serving,
             )
             desired = max(0, decider.desired(metrics, current))
             if desired > current:

@@ -264,7 +264,7 @@ class LagModel:
             decision = state.policy.evaluate(
                 Observation(
                     now_ms=now_ms,
-                    current_replicas=len(members),
+                    current_replicas=len(members),  # members consume: ready_replicas is the same
                     lag_events=total,
                     arrival_rate=max(0.0, arrival_rate),
                     completion_rate=completion_rate,
