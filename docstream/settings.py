@@ -155,6 +155,15 @@ class ScalingSettings(BaseModel):
         default=None, gt=0, description="events/s one busy replica settles (a benchmark); unset: measured"
     )
     saturation_backlog_s: float = Field(default=5.0, ge=0)
+    wait_quantile: float | None = Field(
+        default=0.999, gt=0, lt=1, description="events within the objective under M/M/n; unset: off"
+    )
+    lead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the cold start (s): size for the arrival rate this far ahead while it rises",
+    )
+    trend_window_s: float = Field(default=120.0, ge=0, description="the window of the arrival trend")
 
 
 class ApiSettings(BaseModel):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+TREND_NOISE = 0.05  # a rise of the arrival rate below 5 % of it over the trend window is noise
 _REL_EPS = 1e-9  # float noise forgiven by `_ceil`: 3.0000000000000004 is 3, not 4
 _MAX_INT32 = 2**31 - 1
 
@@ -122,6 +123,11 @@ class ScalingConfig:
     # The arrival rule also sizes for the objective as a queue (M/M/n, Erlang C): enough replicas
     # that at most 1 - wait_quantile of events wait longer than objective_s. None: off.
     wait_quantile: float | None = 0.999
+    # Seconds from a scale-up decision to the new replicas serving (the cold start). While the
+    # arrival rate rises (over trend_window_s, by more than TREND_NOISE of itself) the arrival
+    # rule sizes for the rate projected lead_s ahead. 0: no projection.
+    lead_s: float = 0.0
+    trend_window_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not (self.objective_s > 0 and math.isfinite(self.objective_s)):
@@ -135,6 +141,8 @@ class ScalingConfig:
             raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
         if self.burst_step < 1 or self.max_scale_in < 1:
             raise ValueError("burst_step and max_scale_in must be at least 1")
+        if min(self.lead_s, self.trend_window_s) < 0:
+            raise ValueError("lead_s and trend_window_s must not be negative")
         if min(self.up_window_s, self.down_window_s, self.quiet_period_s, self.saturation_backlog_s) < 0:
             raise ValueError("windows, quiet period and saturation backlog must not be negative")
         if self.service_rate_per_replica is not None and not self.service_rate_per_replica > 0:
@@ -184,6 +192,7 @@ class PolicyState:
     last_scale_in_ms: int | None = None
     learned_service_rate: float | None = None  # μ last measured while the workers were busy
     breached: bool = False  # backlog_s was above the objective at the last evaluation
+    arrivals: tuple[tuple[int, float], ...] = ()  # (now_ms, arrival_rate) over trend_window_s
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,7 @@ class Decision:
     cap: int
     observation: Observation
     reason: str
+    projected_arrival_rate: float | None = None  # the rate the arrival rule sized for (trend)
 
     @property
     def direction(self) -> int:
@@ -278,15 +288,24 @@ def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple
     lower, cap = replica_bounds(config, obs.partitions, obs.active_keys)
     mu, mu_source, learned = _service_rate(config, state, obs)
 
+    # 0. The arrival trend: the rate projected lead_s ahead while it rises beyond noise.
+    trend_cut = now - config.trend_window_s * 1000
+    seen = tuple((t, r) for t, r in state.arrivals if t >= trend_cut)
+    rate = obs.arrival_rate
+    if config.lead_s > 0 and seen and now > seen[0][0]:
+        rise = obs.arrival_rate - seen[0][1]
+        if rise > TREND_NOISE * obs.arrival_rate:
+            rate = obs.arrival_rate + rise / ((now - seen[0][0]) / 1000) * config.lead_s
+
     # 1. The three rules.
     by_lag = by_arrival = by_burst = None
     if mu is not None:
         by_lag = _replicas_for(obs.lag_events, mu * config.objective_s)
-        by_arrival = _replicas_for(obs.arrival_rate, mu * config.target_utilisation)
+        by_arrival = _replicas_for(rate, mu * config.target_utilisation)
         if config.wait_quantile is not None and by_arrival < cap:
             by_arrival = max(
                 by_arrival,
-                _replicas_for_wait(obs.arrival_rate, mu, config.objective_s, 1 - config.wait_quantile, cap),
+                _replicas_for_wait(rate, mu, config.objective_s, 1 - config.wait_quantile, cap),
             )
     # The burst rule acts on a breach that is not queue noise: one that persisted since the last
     # evaluation, or a backlog that keeps the workers busy (saturation_backlog_s). A single
@@ -374,6 +393,7 @@ def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple
         last_scale_in_ms=last_in,
         learned_service_rate=mu if learned else state.learned_service_rate,
         breached=breached,
+        arrivals=(*seen, (now, obs.arrival_rate)),
     )
     decision = Decision(
         desired_replicas=desired,
@@ -389,6 +409,7 @@ def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple
         cap=cap,
         observation=obs,
         reason="",
+        projected_arrival_rate=rate,
     )
     return replace(decision, reason=_reason(config, decision, up_limit, down_limit, low_since)), next_state
 
@@ -405,9 +426,11 @@ def _reason(config: ScalingConfig, d: Decision, up_limit: int, down_limit: int, 
             f"lag {obs.lag_events} events / ({d.service_rate:.3g}/s x {config.objective_s:g} s "
             f"= {per_replica:.4g} per replica) needs {d.by_lag}"
         )
+        rate = f"{obs.arrival_rate:.4g}/s"
+        if d.projected_arrival_rate is not None and d.projected_arrival_rate != obs.arrival_rate:
+            rate += f" rising, {d.projected_arrival_rate:.4g}/s in {config.lead_s:g} s"
         parts.append(
-            f"arrivals {obs.arrival_rate:.4g}/s / ({d.service_rate:.3g}/s x "
-            f"{config.target_utilisation:g}) needs {d.by_arrival}"
+            f"arrivals {rate} / ({d.service_rate:.3g}/s x {config.target_utilisation:g}) needs {d.by_arrival}"
         )
     else:
         parts.append("no service rate known (not busy, none reported or configured)")

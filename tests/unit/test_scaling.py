@@ -528,3 +528,26 @@ def test_worked_example_timeline() -> None:
             changes.append((t, d.desired_replicas, d.rule))
         current = d.desired_replicas
     assert changes == [(30, 12, Rule.CAP), (885, 10, Rule.STEP), (1200, 8, Rule.ARRIVAL)]
+
+
+def test_rising_arrivals_are_projected_over_the_lead_time() -> None:
+    # 40/s rising by 20/s a minute, 227 s to capacity: the arrival rule sizes for the rate then.
+    config = cfg(objective_s=0.2, service_rate_per_replica=25.0, lead_s=227.0, wait_quantile=None)
+    policy = ScalingPolicy(config)
+    policy.evaluate(obs(now_ms=0, current_replicas=3, arrival_rate=40.0))
+    d = policy.evaluate(obs(now_ms=60 * S, current_replicas=3, arrival_rate=60.0))
+    # 60 + (20 / 60 s) x 227 s = 135.7/s; at 25/s x 0.8: 7 replicas (60/s alone: 3)
+    assert d.projected_arrival_rate == pytest.approx(60.0 + 20.0 / 60.0 * 227.0)
+    assert (d.by_arrival, d.desired_replicas) == (7, 7)
+    assert "rising, 135.7/s in 227 s" in d.reason
+    # Without a lead time, or with a rise within noise (< 5 %), the measured rate is used.
+    off = ScalingPolicy(replace(config, lead_s=0.0))
+    off.evaluate(obs(now_ms=0, current_replicas=3, arrival_rate=40.0))
+    assert off.evaluate(obs(now_ms=60 * S, current_replicas=3, arrival_rate=60.0)).by_arrival == 3
+    noisy = ScalingPolicy(config)
+    noisy.evaluate(obs(now_ms=0, current_replicas=4, arrival_rate=78.0))
+    assert noisy.evaluate(obs(now_ms=60 * S, current_replicas=4, arrival_rate=80.0)).by_arrival == 4
+    # A falling rate is not projected (scale-in stays with the quiet period).
+    falling = ScalingPolicy(config)
+    falling.evaluate(obs(now_ms=0, current_replicas=4, arrival_rate=120.0))
+    assert falling.evaluate(obs(now_ms=60 * S, current_replicas=4, arrival_rate=60.0)).by_arrival == 3

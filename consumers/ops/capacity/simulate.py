@@ -170,6 +170,7 @@ class _Docstream:
             max_scale_in=int(spec.get("max_scale_in")),
             service_rate_per_replica=mu if mu > 0 else None,
             saturation_backlog_s=float(spec.get("saturation_backlog_s")),
+            lead_s=scenario.cold_start.total_s,  # what an operator knows: their cold start
         )
         self.rate_window_s = float(spec.get("rate_window_s"))
         self.partitions = scenario.partitions or self.config.max_replicas
