@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
     AdminClient,
     NewTopic,
@@ -42,6 +42,28 @@ def read_messages(bootstrap: str, topic: str, count: int, timeout: float = 30.0)
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
                 found.append(msg)
+        return found
+    finally:
+        consumer.close()
+
+
+def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> list[Message]:
+    """Every record of `topic` now, partition by partition in offset order (its watermarks at the call)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}"})
+    found: list[Message] = []
+    try:
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, low)])
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    found.append(msg)
+                    if (msg.offset() or 0) >= high - 1:
+                        break
         return found
     finally:
         consumer.close()

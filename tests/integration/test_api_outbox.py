@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 import requests
-from confluent_kafka import Consumer, Message, TopicPartition
-from kafka_helpers import private_broker
+from confluent_kafka import Message
+from kafka_helpers import private_broker, read_partitions
 
 from docstream.settings import ApiSettings, Settings
 from docstream.topology import DOC_UPLOADED
@@ -66,27 +66,6 @@ def post(api: ServedApi, auth: dict[str, str]) -> requests.Response:
         timeout=30,
     )
 
-
-def read_all(bootstrap: str) -> list[Message]:
-    """Every record of doc.uploaded, partition by partition in offset order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
-    found: list[Message] = []
-    try:
-        for p in range(PARTITIONS):
-            low, high = consumer.get_watermark_offsets(TopicPartition(DOC_UPLOADED, p), timeout=10)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(DOC_UPLOADED, p, low)])
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is not None and msg.error() is None:
-                    found.append(msg)
-                    if (msg.offset() or 0) >= high - 1:
-                        break
-        return found
-    finally:
-        consumer.close()
 
 
 def key_of(message: Message) -> str:
@@ -164,7 +143,7 @@ def test_uploads_during_a_broker_stop_wait_in_the_outbox_and_reach_the_topic_onc
                 status = requests.get(f"{served.url}/v1/documents/{doc}", headers=auth, timeout=10).json()
                 assert status["offset"] is not None, status
 
-        records = read_all(broker.bootstrap)
+        records = read_partitions(broker.bootstrap, DOC_UPLOADED, PARTITIONS)
         keys = [key_of(m) for m in records]
         counts = {doc: keys.count(doc) for doc in accepted}
         summary = (

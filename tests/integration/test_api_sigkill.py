@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 import requests
-from confluent_kafka import Consumer, Message, TopicPartition
-from kafka_helpers import private_broker
+from confluent_kafka import Consumer, TopicPartition
+from kafka_helpers import private_broker, read_partitions
 
 from consumers.analytics.rollups import Rollup, current_rows
 from consumers.analytics.sketch import LatencySketch
@@ -100,26 +100,6 @@ def scalar(db: Path, sql: str) -> int:
         return int(conn.execute(sql).fetchone()[0])
 
 
-def read_all(bootstrap: str) -> list[Message]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
-    found: list[Message] = []
-    try:
-        for p in range(PARTITIONS):
-            low, high = consumer.get_watermark_offsets(TopicPartition(DOC_UPLOADED, p), timeout=10)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(DOC_UPLOADED, p, low)])
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is not None and msg.error() is None:
-                    found.append(msg)
-                    if (msg.offset() or 0) >= high - 1:
-                        break
-        return found
-    finally:
-        consumer.close()
-
 
 def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_each_upload_once(
     broker: LocalBroker, tmp_path: Path
@@ -181,7 +161,7 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
             api.kill()
             api.wait(10)
 
-    records = read_all(broker.bootstrap)
+    records = read_partitions(broker.bootstrap, DOC_UPLOADED, PARTITIONS)
     first: dict[bytes, tuple[bytes | None, list[Any]]] = {}
     copies: dict[bytes, int] = {}
     for msg in records:
