@@ -19,7 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from consumers.ops.lag.model import scaling_config
 from consumers.ops.lag.monitor import LagMonitor
+from consumers.ops.lag.targets import resolve_targets
 from consumers.warehouse.query_client import find_owner, open_for_queries
 from consumers.warehouse.query_server import data_dir
 from docstream.blobstore import BlobStore, private_file
@@ -107,15 +109,24 @@ class ApiService:
             default_quota=Quota(api.quota_rate_per_s, api.quota_burst),
             bulk_share=api.bulk_share,
         )
-        monitor = LagMonitor.from_settings(
-            settings, groups=list(groups.values()), request_timeout_s=5.0, rate_window_s=api.rate_window_s
+        # The cluster watch's clients (the lag monitor's admin client and reader, the dead-letter
+        # counter) send librdkafka's lines to a watch's logger (DEBUG for connection chatter): a broker
+        # outage is the watch's one WARNING line, not a line per reconnect from each client.
+        quiet = {**connection, "logger": ConnectionWatch("api cluster watch").client_config()["logger"]}
+        monitor = LagMonitor(
+            quiet,
+            resolve_targets(list(groups.values()), settings.group_prefix),
+            scaling=scaling_config(settings.scaling),
+            prefix=settings.group_prefix,
+            request_timeout_s=5.0,
+            rate_window_s=api.rate_window_s,
         )
         watch = ClusterWatch(
             monitor,
             admission,
             topic=DOC_UPLOADED,
             groups=tuple(groups.values()),
-            connection=connection,
+            connection=quiet,
             default_partitions=settings.topic_partitions,
             refresh_s=api.refresh_s,
         )
