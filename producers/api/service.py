@@ -45,6 +45,7 @@ from schemas.codec import make_codec
 log = logging.getLogger(__name__)
 
 WAREHOUSE_CHECK_S = 10.0
+CLIENT_ID = "docstream-api"
 GROUPS: tuple[str, ...] = (*STAGE_NAMES, ANALYTICS)
 """The groups every uploaded document goes through (short names)."""
 
@@ -74,7 +75,8 @@ class ApiService:
     def from_settings(cls, settings: Settings, *, state_dir: Path | None = None) -> ApiService:
         api = settings.api
         state = state_dir or settings.api_state_dir
-        connection = connection_config(settings)
+        # The API's clients are named for the broker's logs and metrics (and librdkafka's lines).
+        connection = {**connection_config(settings), "client.id": CLIENT_ID}
         groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
         lock = _hold_state(state)
         keys = KeyStore(settings.api_keys_db)
@@ -90,6 +92,7 @@ class ApiService:
             linger_ms=0,
             overrides={
                 "logger": watch_log.client_config()["logger"],
+                "client.id": CLIENT_ID,
                 "message.timeout.ms": max(1000, int(api.publish_timeout_s * 1000)),
                 # A caller waits for each acknowledgement: send a produce request at once rather
                 # than letting Nagle hold small segments back.
@@ -131,7 +134,7 @@ class ApiService:
             refresh_s=api.refresh_s,
         )
         codec = make_codec(settings.schema_registry_url)
-        tracker = Tracker.from_settings(settings, registry)
+        tracker = Tracker(registry, connection=connection, codec=codec, prefix=settings.group_prefix)
         blobs = BlobStore(settings.blob_root)
         ingest = Ingest(
             blobs=blobs,

@@ -2,7 +2,9 @@
 
 `offset_lag` is the one-shot answer (end offsets minus committed offsets over a group's topics).
 `LagReader` holds the clients a `LagMonitor` samples with: one AdminClient (group descriptions,
-committed offsets, topic descriptions, group listing) and one Consumer that never joins a group
+topic descriptions, group listing, and the committed offsets of groups whose topics are unknown),
+one Consumer per group whose topics are known, carrying its group id and never subscribed (its
+committed offsets: docs/operations.md, "Known issue"), and one Consumer that never joins a group
 (batched ListOffsets through `offsets_for_times`, and the record at an offset, for its
 timestamp). Clients come from `docstream.kafka.clients`, errors are translated by
 `docstream.kafka.errors`.
@@ -109,6 +111,7 @@ class LagReader:
         self._absent: dict[str, float] = {}  # topics that did not exist (monotonic time)
         self._metadata_at = -math.inf
         self._coordinated: set[str] = set()  # groups whose coordinator answered a consumer
+        self._group_consumers: dict[str, Consumer] = {}  # group id -> a consumer fetching its offsets
 
     def forget_coordinators(self) -> None:
         """Await every group's coordinator through a consumer again before asking the admin client."""
@@ -118,6 +121,9 @@ class LagReader:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
 
     @property
     def bootstrap(self) -> str:
@@ -137,17 +143,26 @@ class LagReader:
         with self._reading_groups():
             ids = [t.group for t in targets]
             timeout = self.request_timeout_s
+            # A group whose topics are known has its offsets fetched by a consumer of that group id
+            # (never subscribed: it joins nothing), whose OffsetFetch waits for a coordinator that is
+            # loading or moving. Only a group whose topics are not known (`--all`) is asked through
+            # the admin client's ListConsumerGroupOffsets, which lists every partition it committed
+            # on but can crash the process on NOT_COORDINATOR (see `_await_coordinator`).
+            known = [t for t in targets if t.topics]
+            foreign = [t.group for t in targets if not t.topics]
             for target in targets:
-                if target.group not in self._coordinated:
+                if not target.topics and target.group not in self._coordinated:
                     self._await_coordinator(target)
             described = self._admin.describe_consumer_groups(ids, request_timeout=timeout) if ids else {}
             offset_futures = {
                 g: self._admin.list_consumer_group_offsets(
                     [ConsumerGroupTopicPartitions(g)], request_timeout=timeout
                 )[g]
-                for g in ids
+                for g in foreign
             }
-            committed = {g: _committed(f, timeout) for g, f in offset_futures.items()}
+            known_partitions = self._topic_partitions({topic for t in known for topic in t.topics})
+            committed = {t.group: self._committed_by_consumer(t, known_partitions) for t in known}
+            committed.update({g: _committed(f, timeout) for g, f in offset_futures.items()})
             descriptions = {g: _described(f, timeout) for g, f in described.items()}
             topics_of = {
                 t.group: list(dict.fromkeys([*t.topics, *sorted({topic for topic, _ in committed[t.group]})]))
@@ -186,6 +201,23 @@ class LagReader:
         finally:
             consumer.close()
         self._coordinated.add(target.group)
+
+    def _committed_by_consumer(
+        self, target: GroupTarget, partitions: Mapping[str, tuple[int, ...]]
+    ) -> dict[TopicPartitionKey, int]:
+        """The group's committed offsets on its topics' partitions, fetched by a consumer of the
+        group id kept for the purpose (offsets >= 0 only)."""
+        wanted = [TopicPartition(topic, p) for topic in target.topics for p in partitions.get(topic, ())]
+        if not wanted:
+            return {}
+        consumer = self._group_consumers.get(target.group)
+        if consumer is None:
+            conf = {"group.id": target.group, "enable.auto.commit": False, "logger": _LIBRDKAFKA_LOG}
+            consumer = self._group_consumers[target.group] = clients.consumer(self.connection, **conf)
+        found = consumer.committed(wanted, timeout=self.request_timeout_s)
+        return {
+            (tp.topic, tp.partition): tp.offset for tp in found if tp.error is None and tp.offset >= 0
+        }
 
     def _topic_partitions(self, topics: set[str]) -> dict[str, tuple[int, ...]]:
         """The partition numbers of the topics that exist, from a cache of at most
