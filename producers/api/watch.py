@@ -99,6 +99,9 @@ class ClusterWatch:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():  # inside a Kafka call (a broker away): its clients stay open
+                log.warning("api: the cluster watch is still waiting for the broker; not closing its clients")
+                return
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

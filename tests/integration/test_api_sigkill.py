@@ -100,7 +100,6 @@ def scalar(db: Path, sql: str) -> int:
         return int(conn.execute(sql).fetchone()[0])
 
 
-
 def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_each_upload_once(
     broker: LocalBroker, tmp_path: Path
 ) -> None:

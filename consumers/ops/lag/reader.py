@@ -39,6 +39,9 @@ from docstream.errors import KafkaError
 from docstream.kafka import clients
 from docstream.kafka.errors import code, translate
 
+COMMITTED_TIMEOUT_S = 120.0
+"""How long a group's committed offsets are waited for (see `LagReader._committed_by_consumer`)."""
+
 DEFAULT_READ_TIMEOUT_S = 2.0
 """How long one sample waits for the records at committed offsets (time lag from the log)."""
 
@@ -214,10 +217,11 @@ class LagReader:
         if consumer is None:
             conf = {"group.id": target.group, "enable.auto.commit": False, "logger": _LIBRDKAFKA_LOG}
             consumer = self._group_consumers[target.group] = clients.consumer(self.connection, **conf)
-        found = consumer.committed(wanted, timeout=self.request_timeout_s)
-        return {
-            (tp.topic, tp.partition): tp.offset for tp in found if tp.error is None and tp.offset >= 0
-        }
+        # Long on purpose: an OffsetFetch given up by the caller while the broker is away, and
+        # answered once it is back, aborts the process in librdkafka 2.16
+        # (rd_kafka_enq_once_del_source_return: eonce->refcnt > 0); waited for, it just completes.
+        found = consumer.committed(wanted, timeout=max(self.request_timeout_s, COMMITTED_TIMEOUT_S))
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.error is None and tp.offset >= 0}
 
     def _topic_partitions(self, topics: set[str]) -> dict[str, tuple[int, ...]]:
         """The partition numbers of the topics that exist, from a cache of at most
