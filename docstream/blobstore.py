@@ -165,12 +165,17 @@ class BlobStore:
         except (OSError, ValueError) as exc:
             raise BlobStoreError(f"cannot read {uri}: {exc}") from exc
 
+    def get_content(self, uri: str, *, limit: int) -> bytes:
+        """At most `limit` bytes of the object `uri` names, when it is in the store's content area
+        (documents, thumbnails); UnsafeReferenceError otherwise."""
+        if not self.resolve(uri).startswith(f"{self._root.rstrip('/')}/content/"):
+            raise UnsafeReferenceError(f"{uri!r} is not in the content area of the blob store {self._root}")
+        return self.get(uri, limit=limit)
+
     def get_document(self, uri: str, sha256: str, size: int) -> bytes:
         """A document's bytes, when `uri` is in the store's content area and what it holds has the
         announced sha256 and size; ContentMismatchError (both hashes in its message) otherwise."""
-        if not self.resolve(uri).startswith(f"{self._root.rstrip('/')}/content/"):
-            raise UnsafeReferenceError(f"{uri!r} is not in the content area of the blob store {self._root}")
-        data = self.get(uri, limit=size + 1)
+        data = self.get_content(uri, limit=size + 1)
         if len(data) != size:
             more = "more than " if len(data) > size else ""
             raise ContentMismatchError(f"{uri} holds {more}{len(data)} bytes, the event says {size}")

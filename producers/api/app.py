@@ -482,9 +482,7 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
             raise StarletteHTTPException(404, "no such thumbnail")
         uri = str(sizes[index].get("uri"))
         try:
-            if "/content/" not in service.blobs.resolve(uri):
-                raise UnsafeReferenceError(f"{uri!r} is not in the content area")
-            data = service.blobs.get(uri, limit=16 * 1024 * 1024)
+            data = service.blobs.get_content(uri, limit=16 * 1024 * 1024)
         except DocstreamError as exc:
             raise StarletteHTTPException(404, f"the thumbnail cannot be read: {exc}") from None
         return Response(data, media_type="image/webp")
