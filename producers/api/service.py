@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import Any
 
 from consumers.ops.lag.model import scaling_config
-from consumers.ops.lag.monitor import LagMonitor
 from consumers.ops.lag.targets import resolve_targets
 from consumers.warehouse.query_client import find_owner, open_for_queries
 from consumers.warehouse.query_server import data_dir
@@ -37,7 +36,7 @@ from producers.api.keys import KeyStore
 from producers.api.outbox import Outbox, OutboxRelay
 from producers.api.registry import Registry
 from producers.api.tracker import Tracker
-from producers.api.watch import ClusterWatch
+from producers.api.watch import ClusterWatch, SamplerProcess, SamplerSpec, log_format_in_use
 from producers.delivery import DeliveryResult
 from producers.publisher import Publisher
 from schemas.codec import make_codec
@@ -112,24 +111,24 @@ class ApiService:
             default_quota=Quota(api.quota_rate_per_s, api.quota_burst),
             bulk_share=api.bulk_share,
         )
-        # The cluster watch's clients (the lag monitor's admin client and reader, the dead-letter
-        # counter) send librdkafka's lines to a watch's logger (DEBUG for connection chatter): a broker
-        # outage is the watch's one WARNING line, not a line per reconnect from each client.
-        quiet = {**connection, "logger": ConnectionWatch("api cluster watch").client_config()["logger"]}
-        monitor = LagMonitor(
-            quiet,
-            resolve_targets(list(groups.values()), settings.group_prefix),
-            scaling=scaling_config(settings.scaling),
-            prefix=settings.group_prefix,
-            request_timeout_s=5.0,
-            rate_window_s=api.rate_window_s,
+        sampler = SamplerProcess(
+            SamplerSpec(
+                connection=connection,
+                targets=tuple(resolve_targets(list(groups.values()), settings.group_prefix)),
+                topic=DOC_UPLOADED,
+                groups=tuple(groups.values()),
+                scaling=scaling_config(settings.scaling),
+                prefix=settings.group_prefix,
+                request_timeout_s=5.0,
+                rate_window_s=api.rate_window_s,
+                log_format=log_format_in_use(),
+                log_level=logging.getLogger().getEffectiveLevel(),
+            )
         )
         watch = ClusterWatch(
-            monitor,
+            sampler,
             admission,
             topic=DOC_UPLOADED,
-            groups=tuple(groups.values()),
-            connection=quiet,
             default_partitions=settings.topic_partitions,
             refresh_s=api.refresh_s,
         )

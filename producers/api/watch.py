@@ -1,9 +1,9 @@
 """The API's view of the cluster, refreshed in the background, never per request.
 
-A `ClusterWatch` thread samples, every `refresh_s`:
+A `ClusterWatch` thread asks, every `refresh_s`, for one `Sample`:
 
-- the consumer groups (`consumers.ops.lag.LagMonitor`: offsets, rates, time lag, Burrow status)
-  and feeds each sample to admission control (`AdmissionControl.observe`);
+- the consumer groups (`consumers.ops.lag.LagMonitor`: offsets, rates, time lag, Burrow status),
+  fed to admission control (`AdmissionControl.observe`);
 - every `dead_letters_every_s`, the dead letters of the last hour per group: for each partition
   of each group's dead-letter topic, the end offset minus the first offset at or after one hour
   ago (two batched ListOffsets requests, nothing read).
@@ -12,36 +12,53 @@ What it last saw (`view()`) answers /health and the queue positions of GET /v1/d
 When sampling fails it logs one WARNING ("cluster unreachable"), keeps the last sample (marked
 stale by its age), and one INFO line when a sample succeeds again; never a line per attempt.
 
-Each refresh first asks the broker for the upload topic's metadata (`probe_timeout_s`): only when
-that answers are the groups sampled. The monitor's admin requests (ListConsumerGroupOffsets, which
-look a group's coordinator up) must not be left in flight against a stopped or restarting broker:
-librdkafka 2.16 aborts the whole process there (`rd_kafka_enq_once_del_source_return: Assertion
-eonce->refcnt > 0`, seen with the API's outbox test, most runs), taking the front door down with
-it. After an outage the monitor awaits each group's coordinator through a consumer again before
-its first admin request (`LagMonitor.await_coordinators_again`, confluentinc/librdkafka#5040).
+The sampling runs in a child process (`SamplerProcess`), not in the API's. The lag monitor's
+admin client (group descriptions, offsets) meets librdkafka 2.16 aborts when a broker stops,
+restarts or moves a group's coordinator under a request in flight
+(`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`; confluentinc/librdkafka#5040
+for ListConsumerGroupOffsets). Inside the API process such an abort takes the front door down;
+inside the child it costs one sample: the watch logs the child's end once, admission keeps its
+last sample, and a new child (with fresh rate windows) starts after a back-off
+(`RESTART_BACKOFF_S`, doubling up to `RESTART_BACKOFF_MAX_S` while children keep dying). The
+child ends with its pipe: when the API process goes (even by SIGKILL), the child's next read of
+the pipe sees the end and it exits. A sample not answered within `SAMPLE_TIMEOUT_S` (a request in
+flight when a broker went away) counts as the cluster unreachable: the child is SIGKILLed and the
+next refresh starts a new one. `Sampler` is what the child runs; tests may use it in process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
+import multiprocessing.connection
+import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
 
 from consumers.ops.lag.monitor import LagMonitor
 from consumers.ops.lag.snapshot import LagSnapshot
+from consumers.ops.lag.targets import GroupTarget
+from consumers.ops.scaling import ScalingConfig
 from docstream.kafka import clients
+from docstream.kafka.connection import ConnectionWatch
 from docstream.kafka.ranges import reader_config
+from docstream.logs import JsonFormatter, LogFormat, configure
 from docstream.topology import dead_letter_topic
 from producers.api.admission import AdmissionControl
 
 log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
+RESTART_BACKOFF_S = 2.0
+RESTART_BACKOFF_MAX_S = 60.0
+STOP_WAIT_S = 5.0  # a child asked to stop gets this long, then SIGKILL
+SAMPLE_TIMEOUT_S = 15.0  # a sample not answered by then: the cluster counts as unreachable
 
 
 @dataclass(frozen=True)
@@ -56,107 +73,102 @@ class ClusterView:
     dead_letters_last_hour: dict[str, int] = field(default_factory=dict)  # group id -> records
 
 
-class ClusterWatch:
-    """A background thread sampling the groups for admission control and health."""
+@dataclass(frozen=True)
+class Sample:
+    """One answer of a sampler: the groups, and the dead letters when they were counted again."""
 
-    def __init__(
-        self,
-        monitor: LagMonitor,
-        admission: AdmissionControl,
-        *,
-        topic: str,
-        groups: tuple[str, ...],
-        connection: dict[str, Any],
-        default_partitions: int,
-        refresh_s: float = 2.0,
-        dead_letters_every_s: float = 30.0,
-        probe_timeout_s: float = 2.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.monitor, self.admission, self.topic, self.groups = monitor, admission, topic, groups
-        self._connection = connection
-        self.refresh_s, self.dead_letters_every_s = refresh_s, dead_letters_every_s
-        self._clock = clock
-        self._view = ClusterView(None, None, None, None, default_partitions)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+    snapshot: LagSnapshot
+    dead_letters_last_hour: dict[str, int] | None
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Everything a sampler is built from (picklable: it crosses to the child process)."""
+
+    connection: dict[str, Any]  # bootstrap and security settings, no logger
+    targets: tuple[GroupTarget, ...]
+    topic: str
+    groups: tuple[str, ...]  # group ids whose dead letters are counted
+    scaling: ScalingConfig | None = None
+    prefix: str = "docstream."
+    request_timeout_s: float = 5.0
+    rate_window_s: float = 30.0
+    probe_timeout_s: float = 2.0
+    dead_letters_every_s: float = 30.0
+    log_format: LogFormat = "text"
+    log_level: int = logging.WARNING
+
+
+class Sampling(Protocol):
+    def sample(self, after_outage: bool) -> Sample: ...
+
+    def interrupt(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SamplerDied(RuntimeError):
+    """The child process ended without answering."""
+
+
+class Sampler:
+    """The Kafka reads of one sample, in the calling process: a metadata probe of the upload topic,
+    the lag monitor's sample, and every `dead_letters_every_s` the dead-letter counts."""
+
+    def __init__(self, spec: SamplerSpec, clock: Callable[[], float] = time.time) -> None:
+        self.spec, self._clock = spec, clock
+        # librdkafka's lines go to a watch's logger (DEBUG for connection chatter): a broker outage
+        # is the ClusterWatch's one WARNING line, not a line per reconnect from each client.
+        self.connection = {
+            **spec.connection,
+            "logger": ConnectionWatch("api cluster watch").client_config()["logger"],
+        }
+        self.monitor = LagMonitor(
+            self.connection,
+            list(spec.targets),
+            scaling=spec.scaling,
+            prefix=spec.prefix,
+            request_timeout_s=spec.request_timeout_s,
+            rate_window_s=spec.rate_window_s,
+        )
+        self._probe: Any = None
+        self._consumer: Any = None
         self._dlq_at = 0.0
         self._dlq_partitions: dict[str, int] = {}
-        self._consumer: Any = None
-        self.probe_timeout_s = probe_timeout_s
-        self._probe: Any = None
 
-    def view(self) -> ClusterView:
-        return self._view
-
-    def start(self) -> ClusterWatch:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="api cluster watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 15.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():  # inside a Kafka call (a broker away): its clients stay open
-                log.warning("api: the cluster watch is still waiting for the broker; not closing its clients")
-                return
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        if self._probe is not None:
-            self._probe.close()
-            self._probe = None
-        self.monitor.close()
-
-    def refresh(self) -> ClusterView:
-        """One sample, now (the thread calls it; tests and start-up may too)."""
-        view = self._view
-        try:
-            self._probe_broker()
-            if view.reachable is False:
-                self.monitor.await_coordinators_again()
-            snapshot = self.monitor.sample()
-        except Exception as exc:  # the cluster away, a timeout: keep the last sample
-            if view.reachable is not False:
-                log.warning("api: cluster unreachable, admission keeps its last sample: %s", exc)
-            self._view = ClusterView(
-                view.snapshot, view.sampled_at, False, str(exc), view.partitions, view.dead_letters_last_hour
-            )
-            return self._view
-        if view.reachable is False:
-            log.info("api: cluster reachable again")
-        self.admission.observe(snapshot, self.topic)
-        partitions = _partitions(snapshot, self.topic) or view.partitions
-        dead = view.dead_letters_last_hour
+    def sample(self, after_outage: bool) -> Sample:
+        """Raises when the cluster does not answer."""
+        if self._probe is None:
+            self._probe = clients.consumer(reader_config(self.connection, "api-probe"))
+        self._probe.list_topics(self.spec.topic, timeout=self.spec.probe_timeout_s)
+        if after_outage:
+            self.monitor.await_coordinators_again()
+        snapshot = self.monitor.sample()
+        dead: dict[str, int] | None = None
         now = self._clock()
-        if now - self._dlq_at >= self.dead_letters_every_s:
+        if now - self._dlq_at >= self.spec.dead_letters_every_s:
             try:
                 dead = self._dead_letters_last_hour(now)
                 self._dlq_at = now
             except Exception as exc:
                 log.debug("api: cannot count dead letters: %s", exc)
-        self._view = ClusterView(snapshot, now, True, None, partitions, dead)
-        return self._view
+        return Sample(snapshot, dead)
 
-    def _probe_broker(self) -> None:
-        """The upload topic's metadata from the broker; raises when no broker answers in time."""
-        if self._probe is None:
-            self._probe = clients.consumer(reader_config(self._connection, "api-probe"))
-        self._probe.list_topics(self.topic, timeout=self.probe_timeout_s)
+    def interrupt(self) -> None:
+        """Nothing to interrupt: a Kafka call in this process runs to its timeout."""
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            self.refresh()
-            self._stopping.wait(max(0.0, self.refresh_s - (time.monotonic() - started)))
+    def close(self) -> None:
+        for client in (self._consumer, self._probe):
+            if client is not None:
+                client.close()
+        self._consumer = self._probe = None
+        self.monitor.close()
 
     def _dead_letters_last_hour(self, now: float) -> dict[str, int]:
         if self._consumer is None:
-            self._consumer = clients.consumer(reader_config(self._connection, "api-health"))
+            self._consumer = clients.consumer(reader_config(self.connection, "api-health"))
         consumer = self._consumer
-        topics = {g: dead_letter_topic(g) for g in self.groups}
+        topics = {g: dead_letter_topic(g) for g in self.spec.groups}
         for topic in topics.values():
             if topic not in self._dlq_partitions:
                 described = consumer.list_topics(topic, timeout=5).topics.get(topic)
@@ -170,13 +182,239 @@ class ClusterWatch:
         )
         ends = consumer.offsets_for_times([TopicPartition(t, p, -1) for t, p in wanted], timeout=5)
         end_of = {(tp.topic, tp.partition): tp.offset for tp in ends}
-        counts = dict.fromkeys(self.groups, 0)
+        counts = dict.fromkeys(self.spec.groups, 0)
         by_topic = {t: g for g, t in topics.items()}
         for tp in since:
             end = end_of.get((tp.topic, tp.partition), -1)
             if tp.offset >= 0 and end > tp.offset:
                 counts[by_topic[tp.topic]] += end - tp.offset
         return counts
+
+
+def _serve(spec: SamplerSpec, conn: multiprocessing.connection.Connection) -> None:
+    """The child process: answer each request on the pipe with one sample, until "stop" or the
+    pipe's end (the API process gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the API's: it stops the child
+    configure(spec.log_format, spec.log_level)
+    sampler = Sampler(spec)
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break
+        if request == "stop":
+            break
+        try:
+            answer: tuple[str, Any] = ("ok", sampler.sample(after_outage=request == "after outage"))
+        except Exception as exc:
+            answer = ("error", str(exc))
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            break
+    sampler.close()
+
+
+class SamplerProcess:
+    """A `Sampler` in a child process (spawned: a fresh interpreter, no librdkafka threads forked),
+    started on the first sample and again after it died."""
+
+    def __init__(
+        self, spec: SamplerSpec, *, poll_s: float = 0.2, timeout_s: float = SAMPLE_TIMEOUT_S
+    ) -> None:
+        self.spec, self.poll_s, self.timeout_s = spec, poll_s, timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._process: Any = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self.stopping = threading.Event()
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def sample(self, after_outage: bool) -> Sample:
+        """One sample from the child (started if needed). Raises `SamplerDied` when the child ends
+        without answering, `RuntimeError` with the child's message when sampling failed, and
+        `InterruptedError` when `stopping` is set while waiting, and `TimeoutError` after
+        `timeout_s` without an answer (the child is then SIGKILLed: a request left in flight
+        against a broker that went away waits up to `COMMITTED_TIMEOUT_S`, and is what can abort)."""
+        if self._process is not None and not self._process.is_alive():  # ended between two samples
+            raise SamplerDied(f"the sampling process ended ({_exit(self._reap())})")
+        conn = self._start()
+        conn.send("after outage" if after_outage else "sample")
+        deadline = time.monotonic() + self.timeout_s
+        while not conn.poll(self.poll_s):
+            if self.stopping.is_set():
+                raise InterruptedError("the cluster watch is stopping")
+            if not self._process.is_alive():
+                break
+            if time.monotonic() > deadline:  # a request waiting for a broker that went away
+                self._reap()
+                raise TimeoutError(
+                    f"no sample within {self.timeout_s:.0f} s (the sampling process was stopped)"
+                )
+        try:
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            code = self._reap()
+            raise SamplerDied(f"the sampling process ended ({_exit(code)})") from None
+        if status != "ok":
+            raise RuntimeError(value)
+        assert isinstance(value, Sample)
+        return value
+
+    def _start(self) -> multiprocessing.connection.Connection:
+        if self._process is not None and self._conn is not None:
+            return self._conn
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_serve, args=(self.spec, child), name="docstream api cluster watch", daemon=True
+        )
+        process.start()
+        child.close()  # the child holds its end: its exit closes the pipe
+        self._process, self._conn = process, parent
+        return parent
+
+    def _reap(self) -> int | None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is None:
+            return None
+        process.join(1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+        self.restarts += 1
+        return process.exitcode  # type: ignore[no-any-return]
+
+    def interrupt(self) -> None:
+        """A `sample` waiting for the child returns (InterruptedError)."""
+        self.stopping.set()
+
+    def close(self) -> None:
+        """Ask the child to stop; SIGKILL it when it does not within `STOP_WAIT_S` (it may be inside
+        a Kafka call that waits for a broker)."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is None:
+            return
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send("stop")
+        process.join(STOP_WAIT_S)
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+        if conn is not None:
+            conn.close()
+
+
+def _exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def log_format_in_use() -> LogFormat:
+    """The format of the root logger's handlers (for the child's own lines)."""
+    handlers = logging.getLogger().handlers
+    return "json" if any(isinstance(h.formatter, JsonFormatter) for h in handlers) else "text"
+
+
+class ClusterWatch:
+    """A background thread sampling the groups (through `sampler`) for admission and health."""
+
+    def __init__(
+        self,
+        sampler: Sampling,
+        admission: AdmissionControl,
+        *,
+        topic: str,
+        default_partitions: int,
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sampler, self.admission, self.topic = sampler, admission, topic
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._view = ClusterView(None, None, None, None, default_partitions)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._deaths = 0  # of the sampling process, since its last answer
+        self._retry_at = 0.0  # time.monotonic() before which a dead sampler is not started again
+
+    def view(self) -> ClusterView:
+        return self._view
+
+    def start(self) -> ClusterWatch:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="api cluster watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stopping.set()
+        self.sampler.interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.sampler.close()
+
+    def refresh(self) -> ClusterView:
+        """One sample, now (the thread calls it; tests and start-up may too)."""
+        view = self._view
+        if time.monotonic() < self._retry_at:
+            return view
+        try:
+            sample = self.sampler.sample(after_outage=view.reachable is False)
+        except InterruptedError:
+            return view
+        except SamplerDied as exc:
+            self._deaths += 1
+            backoff = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (self._deaths - 1))
+            self._retry_at = time.monotonic() + backoff
+            level = logging.WARNING if self._deaths == 1 else logging.DEBUG
+            log.log(level, "api: cluster watch: %s; admission keeps its last sample; a new one starts", exc)
+            return self._unreachable(view, str(exc), quiet=True)
+        except Exception as exc:  # the cluster away, a timeout: keep the last sample
+            return self._unreachable(view, str(exc), quiet=False)
+        self._deaths = 0
+        if view.reachable is False:
+            log.info("api: cluster reachable again")
+        snapshot = sample.snapshot
+        self.admission.observe(snapshot, self.topic)
+        partitions = _partitions(snapshot, self.topic) or view.partitions
+        dead = sample.dead_letters_last_hour
+        self._view = ClusterView(
+            snapshot,
+            self._clock(),
+            True,
+            None,
+            partitions,
+            view.dead_letters_last_hour if dead is None else dead,
+        )
+        return self._view
+
+    def _unreachable(self, view: ClusterView, error: str, *, quiet: bool) -> ClusterView:
+        if view.reachable is not False and not quiet:
+            log.warning("api: cluster unreachable, admission keeps its last sample: %s", error)
+        self._view = ClusterView(
+            view.snapshot, view.sampled_at, False, error, view.partitions, view.dead_letters_last_hour
+        )
+        return self._view
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self.refresh()
+            self._stopping.wait(max(0.0, self.refresh_s - (time.monotonic() - started)))
 
 
 def _partitions(snapshot: LagSnapshot, topic: str) -> int:

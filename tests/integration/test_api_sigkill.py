@@ -220,7 +220,7 @@ def rollup_documents(home: Path, broker: LocalBroker, log: Path, want: int) -> i
     }
     with log.open("ab") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "consumers.analytics", "worker", "-l", "info"],
+            [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "-l", "info"],
             env=env,
             cwd=home.parent,
             stdout=out,
