@@ -8,11 +8,14 @@ arguments built from this object.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CLUSTER_FILE = "cluster.json"  # under <home>/broker: the local cluster of more than one node (infra.cluster)
 
 
 class RetryPolicy(BaseModel):
@@ -255,7 +258,11 @@ class Settings(BaseSettings):
     schema_registry_url: str | None = None
     blob_url: str | None = Field(default=None, description="fsspec URL; unset means <home>/blobs")
     topic_partitions: int = Field(default=12, ge=1)
-    replication_factor: int = Field(default=1, ge=1)
+    replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        description="replicas of each new topic; unset: one per broker up to 3 (then min.insync.replicas 2)",
+    )
     group_prefix: str = "docstream."
     log_format: Literal["text", "json"] = Field(
         default="text",
@@ -310,7 +317,20 @@ class Settings(BaseSettings):
 
     @property
     def bootstrap(self) -> str:
-        return self.bootstrap_servers or f"127.0.0.1:{self.local_broker_port}"
+        """KAFKA_BOOTSTRAP_SERVERS, else the local cluster's brokers: every node of the one
+        `docstream broker start --brokers N` recorded (infra.cluster), or the one local broker."""
+        return self.bootstrap_servers or local_bootstrap(self.home / "broker", self.local_broker_port)
+
+
+def local_bootstrap(broker_dir: Path, port: int) -> str:
+    """The bootstrap list of the local cluster recorded in broker_dir/cluster.json, or the one
+    broker on `port` when none is recorded (or the record is unreadable: `docstream broker status`
+    reports that)."""
+    try:
+        record = json.loads((broker_dir / CLUSTER_FILE).read_text())
+        return ",".join(f"127.0.0.1:{int(b)}" for b, _ in record["ports"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"127.0.0.1:{port}"
 
 
 def load_settings() -> Settings:

@@ -12,7 +12,8 @@ Everything it writes lives under its work directory:
     <work>/logs/broker.log     the JVM's stdout and stderr, appended across restarts
     <work>/broker.pid          the pid of the running JVM
 
-The class takes explicit arguments; `for_settings` builds the one the settings describe.
+The class takes explicit arguments; `infra.cluster.for_settings` builds the one(s) the settings
+describe (a cluster of one node is this broker in the work directory itself).
 
 One broker's life cycle, hence one module over the usual size: fetching its jars, starting,
 finding, stopping and tailing it all go through the same work directory and pid file, and the
@@ -38,7 +39,6 @@ from pathlib import Path
 from typing import TextIO
 
 from docstream.errors import BrokerError, ToolMissingError
-from docstream.settings import Settings
 
 KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
 DEFAULT_LIB_DIR = KAFKA_DIR / "lib"
@@ -88,6 +88,8 @@ class BrokerStatus:
     data_dir: Path
     log_path: Path
     uptime_s: float | None
+    paused: bool = False  # SIGSTOPped (`pause`): its port accepts connections, it answers nothing
+    node_id: int = 1
 
 
 def free_port(host: str = HOST) -> int:
@@ -114,27 +116,53 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def render_server_properties(broker_port: int, controller_port: int, data_dir: Path) -> str:
-    """The server.properties of a single combined broker+controller node on loopback."""
+def render_server_properties(
+    broker_port: int,
+    controller_port: int,
+    data_dir: Path,
+    *,
+    node_id: int = 1,
+    voters: str | None = None,
+    replicas: int = 1,
+) -> str:
+    """The server.properties of one combined broker+controller node on loopback: alone (the
+    defaults), or node `node_id` of a cluster whose controller quorum is `voters` and whose
+    internal topics have `replicas` replicas (infra.cluster)."""
     settings = {
         **SINGLE_NODE_SETTINGS,
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@{HOST}:{controller_port}",
         "listeners": f"PLAINTEXT://{HOST}:{broker_port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{broker_port}",
         "log.dirs": str(data_dir),
     }
+    if replicas > 1:
+        settings.update(replicated_settings(replicas))
     lines = ["# Written by infra/broker.py on every `docstream broker start`; edits are lost."]
     lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
-def for_settings(settings: Settings) -> LocalBroker:
-    """The local broker the settings describe: state under `<home>/broker`, the configured ports."""
-    return LocalBroker(
-        settings.home / "broker",
-        broker_port=settings.local_broker_port,
-        controller_port=settings.local_controller_port,
-    )
+def replicated_settings(replicas: int) -> dict[str, str]:
+    """A cluster's replication defaults: internal topics and new topics on `replicas` brokers,
+    writes acknowledged by all in-sync replicas only while at least `min_insync(replicas)` are."""
+    isr = str(min_insync(replicas))
+    return {
+        "offsets.topic.replication.factor": str(replicas),
+        "offsets.topic.num.partitions": str(replicas),  # group coordinators spread over the brokers
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": isr,
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": isr,
+        "default.replication.factor": str(replicas),
+        "min.insync.replicas": isr,
+    }
+
+
+def min_insync(replicas: int) -> int:
+    """min.insync.replicas for a replication factor: 2 from three replicas up (one replica may be
+    lost without refusing writes, and an acknowledged write is on two brokers), else 1."""
+    return 2 if replicas >= 3 else 1
 
 
 class LocalBroker:
@@ -150,10 +178,15 @@ class LocalBroker:
         heap_mb: int = 512,
         java: str = "java",
         mvn: str = "mvn",
+        node_id: int = 1,
+        voters: str | None = None,
+        replicas: int = 1,
+        cluster_id: str | None = None,
     ) -> None:
         self.work_dir = work_dir.resolve()
         self.broker_port = broker_port
         self.controller_port = controller_port
+        self.node_id, self.voters, self.replicas, self.cluster_id = node_id, voters, replicas, cluster_id
         self.lib_dir = lib_dir.resolve()
         self.heap_mb = heap_mb
         self.java = java
@@ -217,19 +250,30 @@ class LocalBroker:
 
     def start(self, timeout: float = 60.0) -> BrokerStatus:
         """Start the broker, or reuse the one already running from this work dir; wait until ready."""
+        pid, launched = self.launch()
+        self.await_ready(pid, timeout, stop_on_failure=launched)
+        return self.status()
+
+    def launch(self) -> tuple[int, bool]:
+        """Start the JVM without waiting for it (a cluster's nodes elect their controller only once
+        a majority runs); (pid, whether launched now rather than found running)."""
         pid = self._live_pid()
-        if pid is None:
-            pid = self._launch()
+        if pid is not None:
+            self._check_same_settings(pid)
+            return pid, False
+        return self._launch(), True
+
+    def await_ready(self, pid: int, timeout: float, *, stop_on_failure: bool) -> None:
+        """Wait until the broker port answers; one launched by this caller that does not come up is
+        not left behind (`stop_on_failure`)."""
+        if stop_on_failure:
             self._wait_or_kill(pid, timeout)
         else:
-            self._check_same_settings(pid)
             self._wait_until_ready(pid, timeout)
-        return self.status()
 
     def _check_same_settings(self, pid: int) -> None:
         """A running broker is reused only if it was started with the ports asked for now."""
-        wanted = render_server_properties(self.broker_port, self.controller_port, self.data_dir)
-        if self.properties_path.read_text() != wanted:
+        if self.properties_path.read_text() != self._properties():
             raise BrokerError(
                 f"the broker running from {self.work_dir} (pid {pid}) was started with other settings "
                 f"(see {self.properties_path}): `docstream broker stop` it first"
@@ -240,9 +284,7 @@ class LocalBroker:
         self._check_jars()
         self._check_ports_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.properties_path.write_text(
-            render_server_properties(self.broker_port, self.controller_port, self.data_dir)
-        )
+        self.properties_path.write_text(self._properties())
         self._format_storage(java)
         with self.log_path.open("ab") as log:
             log.write(f"=== docstream: starting the broker on {self.bootstrap} ===\n".encode())
@@ -257,6 +299,16 @@ class LocalBroker:
         self.pid_path.write_text(f"{pid}\n")
         return pid
 
+    def _properties(self) -> str:
+        return render_server_properties(
+            self.broker_port,
+            self.controller_port,
+            self.data_dir,
+            node_id=self.node_id,
+            voters=self.voters,
+            replicas=self.replicas,
+        )
+
     def _format_storage(self, java: str) -> None:
         """Format log.dirs once; a formatted dir keeps its cluster id (and its topics) forever."""
         if (self.data_dir / "meta.properties").exists():
@@ -267,7 +319,7 @@ class LocalBroker:
             "format",
             "--ignore-formatted",
             "--cluster-id",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "--config",
             str(self.properties_path),
         ]
@@ -330,6 +382,32 @@ class LocalBroker:
             _signal(pid, signal.SIGKILL)
             self._wait_for_exit(pid, 10.0)
 
+    def kill(self) -> bool:
+        """SIGKILL (a crash: no clean shutdown, partitions recovered at the next start); False when
+        none was running."""
+        pid = self._live_pid()
+        if pid is not None:
+            _signal(pid, signal.SIGCONT)  # a paused JVM dies as well, but say so to the reaper
+            _signal(pid, signal.SIGKILL)
+            self._wait_for_exit(pid, 10.0)
+        self.pid_path.unlink(missing_ok=True)
+        return pid is not None
+
+    def pause(self) -> bool:
+        """SIGSTOP: the broker keeps its sockets but answers nothing (a network partition, as its
+        peers and clients see it); False when none was running."""
+        pid = self._live_pid()
+        if pid is not None:
+            _signal(pid, signal.SIGSTOP)
+        return pid is not None
+
+    def resume(self) -> bool:
+        """SIGCONT after `pause`; False when none was running."""
+        pid = self._live_pid()
+        if pid is not None:
+            _signal(pid, signal.SIGCONT)
+        return pid is not None
+
     def _wait_for_exit(self, pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while _alive(pid):
@@ -343,13 +421,16 @@ class LocalBroker:
     def status(self) -> BrokerStatus:
         pid = self._live_pid()
         uptime = time.time() - self.pid_path.stat().st_mtime if pid is not None else None
+        paused = pid is not None and _stopped(pid)
         return BrokerStatus(
-            running=pid is not None and port_answers(self.broker_port),
+            running=pid is not None and not paused and port_answers(self.broker_port),
             pid=pid,
             bootstrap=self.bootstrap,
             data_dir=self.data_dir,
             log_path=self.log_path,
             uptime_s=uptime,
+            paused=paused,
+            node_id=self.node_id,
         )
 
     def logs(self, lines: int = 50, follow: bool = False) -> Iterator[str]:
@@ -436,6 +517,15 @@ def _is_kafka_process(pid: int) -> bool:
         return b"kafka.Kafka" in cmdline.read_bytes()  # empty for a zombie
     except OSError:
         return False
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (SIGSTOP), where /proc tells."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 def _signal(pid: int, signum: signal.Signals) -> None:

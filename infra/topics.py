@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError as ConfluentKafkaError
@@ -29,6 +29,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
     AdminClient,
     AlterConfigOpType,
+    ClusterMetadata,
     ConfigEntry,
     ConfigResource,
     NewPartitions,
@@ -42,6 +43,7 @@ from docstream.errors import KafkaError
 from docstream.kafka import clients
 from docstream.kafka.errors import code, translated
 from docstream.topology import TopicSpec
+from infra.broker import min_insync
 
 # The topic configs `describe_topics` reports besides the declared ones.
 CONFIGS_OF_INTEREST = (
@@ -53,6 +55,8 @@ CONFIGS_OF_INTEREST = (
     "compression.type",
 )
 PARTITIONS = "partitions"
+MIN_INSYNC = "min.insync.replicas"
+MAX_AUTO_REPLICAS = 3  # without DOCSTREAM_REPLICATION_FACTOR: one replica per broker, up to this
 REPLICATION_FACTOR = "replication.factor"
 K = TypeVar("K")
 T = TypeVar("T")
@@ -113,6 +117,7 @@ class EnsureReport:
     """The outcome of one `ensure_topics` run, one entry per declared topic."""
 
     topics: tuple[TopicReport, ...]
+    replication: Replication | None = None
 
     @property
     def drifted(self) -> tuple[TopicReport, ...]:
@@ -128,7 +133,11 @@ class EnsureReport:
         return all(d.fixable for t in self.drifted for d in t.drift)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "topics": [t.as_dict() for t in self.topics]}
+        out: dict[str, Any] = {"ok": self.ok}
+        if self.replication is not None:
+            out["replication_factor"] = self.replication.factor
+            out["min_insync_replicas"] = self.replication.min_insync
+        return {**out, "topics": [t.as_dict() for t in self.topics]}
 
 
 @dataclass(frozen=True)
@@ -173,27 +182,68 @@ class TopicDescription:
 # -- ensure ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Replication:
+    """How a cluster's topics are replicated: `factor` copies of each partition, writes (acks=all)
+    refused while fewer than `min_insync` of them are in sync."""
+
+    factor: int
+    min_insync: int
+
+    @classmethod
+    def for_brokers(cls, brokers: int, factor: int | None = None) -> Replication:
+        """`factor` when given, else one replica per broker up to `MAX_AUTO_REPLICAS`; min.insync
+        2 from three replicas up, else 1 (`infra.broker.min_insync`)."""
+        chosen = factor if factor is not None else min(MAX_AUTO_REPLICAS, max(1, brokers))
+        return cls(chosen, min_insync(chosen))
+
+
+def cluster_replication(
+    admin_conf: Mapping[str, Any], factor: int | None = None, timeout: float = 30.0
+) -> Replication:
+    """The replication for new topics on the cluster: `factor` when given (the setting
+    DOCSTREAM_REPLICATION_FACTOR), else from the number of brokers its metadata lists."""
+    if factor is not None:
+        return Replication.for_brokers(factor, factor)
+    with translated("describing the cluster"):
+        brokers = len(_admin(admin_conf).list_topics(timeout=timeout).brokers)
+    return Replication.for_brokers(brokers)
+
+
 def ensure_topics(
     admin_conf: Mapping[str, Any],
     specs: Sequence[TopicSpec],
     *,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     fix: bool = False,
     timeout: float = 30.0,
 ) -> EnsureReport:
-    """Create the missing topics, report drift of the others, and repair it if `fix`."""
+    """Create the missing topics, report drift of the others, and repair it if `fix`.
+
+    The replication is `replication_factor` when given, else one replica per broker up to three
+    (`cluster_replication`); min.insync.replicas is set on each topic to go with it and checked
+    as one of its configs."""
     admin = _admin(admin_conf)
-    created = _create_missing(admin, specs, replication_factor, timeout)
+    metadata = _list_topics_metadata(admin, timeout)
+    replication = Replication.for_brokers(len(metadata.brokers), replication_factor)
+    specs = [_with_min_insync(spec, replication) for spec in specs]
+    created = _create_missing(admin, specs, replication.factor, timeout)
     _wait_until_served(admin, dict.fromkeys(created, 1), timeout)  # a topic appears all at once
-    metadata = _list_topics(admin, timeout)
+    topics = _list_topics(admin, timeout)
     configs = _topic_configs(admin, [s.name for s in specs], timeout)
-    drifts = {s.name: _drift(s, metadata[s.name], configs[s.name], replication_factor) for s in specs}
+    drifts = {s.name: _drift(s, topics[s.name], configs[s.name], replication.factor) for s in specs}
     fixed = _fix(admin, drifts, timeout) if fix else {}
     reports = [
-        _report(spec, metadata[spec.name], spec.name in created, drifts[spec.name], fixed.get(spec.name, ()))
+        _report(spec, topics[spec.name], spec.name in created, drifts[spec.name], fixed.get(spec.name, ()))
         for spec in specs
     ]
-    return EnsureReport(tuple(reports))
+    return EnsureReport(tuple(reports), replication)
+
+
+def _with_min_insync(spec: TopicSpec, replication: Replication) -> TopicSpec:
+    if any(name == MIN_INSYNC for name, _ in spec.configs):
+        return spec  # declared by the topic itself
+    return replace(spec, configs=(*spec.configs, (MIN_INSYNC, str(replication.min_insync))))
 
 
 def _create_missing(
@@ -363,8 +413,12 @@ def _admin(admin_conf: Mapping[str, Any]) -> AdminClient:
 
 
 def _list_topics(admin: AdminClient, timeout: float) -> dict[str, TopicMetadata]:
+    return _list_topics_metadata(admin, timeout).topics
+
+
+def _list_topics_metadata(admin: AdminClient, timeout: float) -> ClusterMetadata:
     with translated("listing topics"):
-        return admin.list_topics(timeout=timeout).topics
+        return admin.list_topics(timeout=timeout)
 
 
 def _wait_for_leaders(

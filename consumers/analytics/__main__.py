@@ -9,9 +9,11 @@ Plaintext connections only: faust's SASL/SSL settings are not wired up yet.
 from __future__ import annotations
 
 from consumers.analytics.app import make_app
+from docstream.kafka.config import connection_config
 from docstream.settings import load_settings
 from docstream.topology import ANALYTICS, dead_letter_topic, group_id
 from docstream.validation import Limits
+from infra.topics import cluster_replication
 from schemas.codec import make_codec
 
 
@@ -30,6 +32,10 @@ def main() -> None:
         idle_ms=settings.analytics.idle_ms,
         session_timeout_s=settings.runtime.session_timeout_ms / 1000,  # as every group's members
         datadir=str(settings.home / "analytics"),
+        # its changelog topics replicated as docstream's own (one per broker up to 3, or the setting)
+        replication_factor=cluster_replication(
+            connection_config(settings), settings.replication_factor
+        ).factor,
     )
     app.main()  # faust's command line: `worker`, `-l info`, ...
 

@@ -163,6 +163,7 @@ def make_app(
     commit_interval_s: float = 2.8,
     idle_ms: int | None = DEFAULT_IDLE_MS,
     datadir: str | None = None,
+    replication_factor: int = 1,
 ) -> faust.App:
     """The analytics faust app.
 
@@ -172,6 +173,8 @@ def make_app(
     `lateness_ms`: how long a closed window is kept for amendments by late events.
     `dead_letters`: where undecodable or invalid events go (default `<app id>.dlq`).
     `datadir`: faust's working directory (default: `<tmp>/<app id>-data`, not the current one).
+    `replication_factor`: of the topics faust creates (its tables' changelogs).
+    `bootstrap`: one host:port, or a comma-separated list (a cluster's brokers).
     """
     codec = codec or make_codec(None)
     datadir = datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data")
@@ -179,12 +182,12 @@ def make_app(
     drain_table_writes_on_flush()
     app = faust.App(
         app_id,
-        broker=f"kafka://{bootstrap}",
+        broker=";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()),
         store="memory://",  # tables are recovered from their changelog topics
         datadir=datadir,
         web_enabled=False,
         topic_partitions=partitions,  # faust's own topics: the changelog, co-partitioned
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor,
         table_standby_replicas=0,  # a memory store drops what it held of a partition it does not own
         # At least once: the fold is exact without transactions (see "Exact" in the module docstring).
         processing_guarantee="at_least_once",

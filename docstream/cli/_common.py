@@ -11,7 +11,8 @@ from typing import Any, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 
-from docstream.errors import DocstreamError
+from docstream.errors import BrokerError, DocstreamError
+from docstream.kafka.config import connection_config
 from docstream.settings import Settings, load_settings
 
 console = Console(stderr=True)
@@ -41,3 +42,17 @@ def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
 def print_json(data: Any) -> None:
     """Machine-readable output goes to stdout, always as one JSON document."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def local_connection(s: Settings) -> dict[str, Any]:
+    """The client config; first a clear word when the local cluster is meant but none of its
+    brokers accepts connections (a person at a terminal: fail fast, not after a client timeout)."""
+    from infra.broker import port_answers  # the CLI's infra side, loaded when a command needs it
+
+    ports = [int(address.rsplit(":", 1)[1]) for address in s.bootstrap.split(",")]
+    if s.uses_local_broker and not any(port_answers(port) for port in ports):
+        raise BrokerError(
+            f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
+            "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
+        )
+    return connection_config(s)

@@ -28,11 +28,8 @@ from consumers.ops.dlq.reader import DeadLetters, load
 from consumers.ops.dlq.reader import Progress as ProgressCallback
 from consumers.ops.dlq.redrive import REDRIVE, Move, first_redrives, plan
 from consumers.ops.dlq.redrive import redrive as produce_redrives
-from docstream.cli._common import console, print_json, reports_errors, settings
-from docstream.errors import BrokerError
-from docstream.kafka.config import connection_config
+from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.settings import Settings
-from infra.broker import port_answers
 from schemas.codec import make_codec
 
 app = typer.Typer(no_args_is_help=True, help="Dead letters: list, show and redrive them.")
@@ -211,13 +208,7 @@ def _filters(error_class: str | None, since: str | None, limit: int | None) -> d
 
 
 def _connection(s: Settings) -> dict[str, Any]:
-    """The client config; first a clear word when the local broker is meant but not running."""
-    if s.uses_local_broker and not port_answers(s.local_broker_port):
-        raise BrokerError(
-            f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
-            "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
-        )
-    return connection_config(s)
+    return local_connection(s)
 
 
 def _load(s: Settings, group: str, conf: dict[str, Any] | None = None) -> DeadLetters:

@@ -23,10 +23,9 @@ from rich.text import Text
 
 from consumers.ops.exporter import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT, serve_exporter
 from consumers.ops.lag import GroupLag, HealthStatus, LagMonitor, LagSnapshot, PartitionLag
-from docstream.cli._common import console, print_json, reports_errors, settings
-from docstream.errors import BrokerError, ConfigurationError
+from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
+from docstream.errors import ConfigurationError
 from docstream.settings import Settings
-from infra.broker import port_answers
 
 STATUS_STYLE = {
     HealthStatus.NOTFOUND: "dim",
@@ -108,11 +107,7 @@ def _watch(monitor: LagMonitor, out: Console, interval: float) -> None:
 
 
 def _check_local_broker(s: Settings) -> None:
-    if s.uses_local_broker and not port_answers(s.local_broker_port):
-        raise BrokerError(
-            f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
-            "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
-        )
+    local_connection(s)
 
 
 def _check_found(snapshot: LagSnapshot, asked: list[str], prefix: str, monitor: LagMonitor) -> None:

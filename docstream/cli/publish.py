@@ -25,11 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from docstream import validation
-from docstream.cli._common import console, print_json, reports_errors, settings
-from docstream.errors import BrokerError
+from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
-from infra.broker import port_answers
 from producers.batch import DEFAULT_MAX_IN_FLIGHT, DocumentOutcome, DocumentUpload
 from producers.publisher import PublishedDocument, Publisher
 
@@ -127,11 +125,7 @@ class _Report:
 
 def _publisher(s: Settings) -> Publisher:
     """A publisher for a person at a terminal: fails fast when the local broker is not running."""
-    if s.uses_local_broker and not port_answers(s.local_broker_port):
-        raise BrokerError(
-            f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
-            "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
-        )
+    local_connection(s)  # a clear word when the local broker is not running
     return Publisher.from_settings(s, overrides=CLI_PRODUCER_OVERRIDES)
 
 

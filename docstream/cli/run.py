@@ -61,7 +61,7 @@ from docstream.topology import (
     declared_topics,
     group_id,
 )
-from infra import broker as local_broker
+from infra import cluster as local_cluster
 from infra.topics import ensure_topics
 from producers.api.keys import KeyStore
 from producers.delivery import DeliveryResult
@@ -373,7 +373,9 @@ def _print_api_status(api_url: str | None, status: dict[str, Any]) -> None:
 
 def _prepare(s: Settings) -> None:
     """The broker answers (the local one is running) and the declared topics exist."""
-    if s.uses_local_broker and not local_broker.for_settings(s).status().running:
+    if s.uses_local_broker and not any(
+        n.running for n in local_cluster.for_settings(s).status(health=False).nodes
+    ):
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
     topics = declared_topics(s.topic_partitions, s.group_prefix)
     ensure_topics(connection_config(s), topics, replication_factor=s.replication_factor)

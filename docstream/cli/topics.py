@@ -12,12 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from docstream.cli._common import console, print_json, reports_errors, settings
-from docstream.errors import BrokerError
-from docstream.kafka.config import connection_config
+from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.settings import Settings
 from docstream.topology import declared_topics
-from infra.broker import port_answers
 from infra.topics import (
     EnsureReport,
     TopicDescription,
@@ -82,13 +79,7 @@ def describe(
 
 
 def _connection(s: Settings) -> dict[str, Any]:
-    """The client config; first a clear word when the local broker is meant but not running."""
-    if s.uses_local_broker and not port_answers(s.local_broker_port):
-        raise BrokerError(
-            f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
-            "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
-        )
-    return connection_config(s)
+    return local_connection(s)
 
 
 def _ensure_table(report: EnsureReport) -> Table:

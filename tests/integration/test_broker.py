@@ -155,8 +155,11 @@ def test_cli_starts_reports_and_stops_the_local_broker(tmp_path: Path, kafka_jar
         assert started.exit_code == 0, started.output
         assert "Kafka broker running" in _said(started)
         status = json.loads(_cli("status", "--json", **env).stdout)
-        assert status["managed"] and status["running"] and isinstance(status["pid"], int)
+        assert status["managed"] and status["running"] and status["brokers"] == 1
         assert status["bootstrap"] == f"127.0.0.1:{env['DOCSTREAM_LOCAL_BROKER_PORT']}"
+        [node] = status["nodes"]
+        assert node["running"] and isinstance(node["pid"], int) and node["node_id"] == 1
+        assert status["controller"] == 1 and status["health"]["brokers"] == [1]
         assert len(_cli("logs", "-n", "5", **env).stdout.splitlines()) == 5
     finally:
         stopped = _cli("stop", **env)
