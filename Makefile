@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JARS   := infra/kafka/lib/.fetched
 
-.PHONY: run test bench lint broker-stop clean
+.PHONY: run test bench chaos lint broker-stop clean
 
 # The virtualenv with every pinned dependency (requirements.lock) and docstream itself, editable.
 # The lock lists every transitive dependency, so it installs with --no-deps: that keeps out what
@@ -35,6 +35,11 @@ test: $(STAMP) $(JARS)
 ## one broker, each with its target (docs/benchmarks.md).
 bench: $(STAMP) $(JARS)
 	$(BIN)/python -m tests.bench
+
+## chaos: every fault of the matrix, each on a fresh three-broker cluster, and the checker's table
+## (docs/chaos.md); `make test` runs one row of it.
+chaos: $(STAMP) $(JARS)
+	$(BIN)/docstream chaos --work .docstream/chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check docstream producers consumers schemas infra tests

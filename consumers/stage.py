@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import Protocol
 
 from consumers.pages import inspect_document
-from consumers.runtime import Context, Handler
+from consumers.runtime import Context, Handler, faults
 from consumers.runtime.message import Message
 from docstream import logs
 from docstream.blobstore import BlobStore
@@ -303,6 +303,7 @@ class Effects:
                 result, fields = compute()
                 outcome = "computed" if self._blobs.put_result(stage.name, key, result) else "reused"
                 self.counts.add(outcome, key)
+                faults.reached("in_handler")
             else:
                 self.counts.add(outcome)
                 if not self._emit_reused and not self.counts.fresh(key):

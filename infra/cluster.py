@@ -19,6 +19,8 @@ A cluster of three replicates every internal topic three times with min.insync.r
 from __future__ import annotations
 
 import json
+import random
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,9 +31,12 @@ from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[a
 from docstream.errors import BrokerError
 from docstream.kafka import clients
 from docstream.settings import CLUSTER_FILE, Settings
-from infra.broker import DEFAULT_LIB_DIR, HOST, BrokerStatus, LocalBroker, new_cluster_id
+from infra.broker import DEFAULT_LIB_DIR, HOST, BrokerStatus, LocalBroker, new_cluster_id, port_answers
 
 MAX_BROKERS = 9
+# Below Linux's ephemeral range (32768-60999): a port found free here is not taken a moment later
+# by the source port of some outgoing connection, as one from `free_port` may be.
+PORT_RUN_RANGE = (20000, 32700)
 PORT_STEP = 2  # node N: the base ports + PORT_STEP·(N-1)
 
 
@@ -195,6 +200,25 @@ class LocalCluster:
         except Exception as exc:
             return ClusterStatus(self.size, self.bootstrap, nodes, None, str(exc))
         return ClusterStatus(self.size, self.bootstrap, nodes, found)
+
+
+def free_port_run(count: int, attempts: int = 200) -> int:
+    """A first port p with p .. p+count-1 all free on loopback (node N of a cluster: the base
+    ports + 2(N-1)), drawn below the ephemeral range."""
+    for _ in range(attempts):
+        base = random.randrange(*PORT_RUN_RANGE)
+        if not any(port_answers(base + i) or not _bindable(base + i) for i in range(count)):
+            return base
+    raise BrokerError(f"no run of {count} free loopback ports in {PORT_RUN_RANGE}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def cluster_health(

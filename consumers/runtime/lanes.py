@@ -29,6 +29,7 @@ from typing import Any
 
 import confluent_kafka
 
+from consumers.runtime import faults
 from consumers.runtime import headers as hdr
 from consumers.runtime.clients import ProducerClient
 from consumers.runtime.handoff import AckError, LaneReport
@@ -276,6 +277,7 @@ class Lanes:
                 set_aside[key].append((raw, segment, event))  # keyless: behind no other event
                 continue
             ctx.raw = raw
+            faults.reached("before_handle")
             try:
                 if decoder is not None:
                     ctx.record = decoder(raw, ctx)

@@ -52,6 +52,7 @@ from typing import cast
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
+from consumers.runtime import faults
 from consumers.runtime.clients import (
     ClientConfig,
     Connection,
@@ -388,7 +389,9 @@ class Worker:
     def _store_offsets(self) -> None:
         stores = self._offsets.take_stores()
         if stores:
+            faults.reached("after_effect")
             self._partitions.store(stores)
+            faults.reached("after_store")
             self.stats.stored |= stores
 
     # -- lane callbacks (lane threads) ----------------------------------------------------

@@ -8,6 +8,7 @@ from docstream.cli import (
     api,
     broker,
     capacity,
+    chaos,
     dlq,
     lag,
     publish,
@@ -37,6 +38,7 @@ lag.register(app)
 replay.register(app)
 capacity.register(app)
 simulate.register(app)
+chaos.register(app)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from docstream.kafka.config import producer_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
-from infra.broker import free_port, port_answers
+from infra.cluster import free_port_run
 
 pytestmark = pytest.mark.kafka
 
@@ -31,15 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH = "from docstream.cli import main; main()"
 BROKERS = 3
 PER_PHASE = 300
-
-
-def port_run(count: int, attempts: int = 50) -> int:
-    """A first port p with p .. p+count-1 all free on loopback (node N: p+2(N-1), p+2(N-1)+1)."""
-    for _ in range(attempts):
-        base = free_port()
-        if base + count < 65536 and not any(port_answers(base + i) for i in range(count)):
-            return base
-    raise AssertionError(f"no run of {count} free ports found")
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -114,7 +105,7 @@ def leader_of(bootstrap: str, partition: int) -> int:
 def test_three_brokers_keep_every_acknowledged_write_through_a_killed_leader(
     tmp_path: Path, kafka_jars: Path
 ) -> None:
-    base = port_run(2 * BROKERS)
+    base = free_port_run(2 * BROKERS)
     env = {
         **{
             k: v

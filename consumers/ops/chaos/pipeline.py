@@ -1,0 +1,107 @@
+"""The pipeline of a chaos run as processes a supervisor would run: each stage worker, the
+warehouse sink, the analytics worker and the ingest API, each one killable, stoppable and
+restartable, its output appended to `<logs>/<name>.log`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from consumers.runtime import faults
+
+STAGES = ("ocr", "embeddings", "thumbnails")
+DOCSTREAM = [sys.executable, "-c", "from docstream.cli import main; main()"]
+COMMANDS: dict[str, list[str]] = {
+    **{stage: [*DOCSTREAM, "worker", stage] for stage in STAGES},
+    "sink": [*DOCSTREAM, "warehouse", "sink"],
+    "analytics": [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "-l", "info"],
+    "api": [*DOCSTREAM, "api", "serve"],
+}
+
+
+@dataclass
+class Pipeline:
+    env: dict[str, str]
+    logs: Path
+    names: tuple[str, ...] = tuple(COMMANDS)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    ended: dict[str, list[int]] = field(default_factory=dict)  # exit codes seen, per process
+
+    def start_all(self, armed: dict[str, str] | None = None) -> None:
+        """Start every process; `armed`: name -> fault point ("point:n") to arm in it."""
+        for name in self.names:
+            self.start(name, (armed or {}).get(name))
+
+    def start(self, name: str, fault: str | None = None) -> None:
+        """Start `name`; `fault` ("point:n") arms a fault point in it (consumers.runtime.faults)."""
+        env = dict(self.env)
+        env.pop(faults.ENV, None)
+        if fault is not None:
+            env[faults.ENV] = fault
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{name}.log").open("ab") as log:
+            self.processes[name] = subprocess.Popen(
+                COMMANDS[name], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, then start again at once, as a supervisor would."""
+        self._end(name, signal.SIGKILL, 10)
+        self.start(name)
+
+    def restart(self, name: str, timeout: float = 60) -> None:
+        """SIGTERM (a rolling restart: the worker commits and leaves its group), then start again."""
+        self._end(name, signal.SIGTERM, timeout)
+        self.start(name)
+
+    def _end(self, name: str, signum: signal.Signals, timeout: float) -> None:
+        process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(signum)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        self.ended.setdefault(name, []).append(process.returncode)
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+
+    def supervise(self) -> list[str]:
+        """Start again what has exited (a fault point's SIGKILL); the names restarted."""
+        again = []
+        for name, process in list(self.processes.items()):
+            if process.poll() is not None:
+                self.ended.setdefault(name, []).append(process.returncode)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                self.start(name)
+                again.append(name)
+        return again
+
+    def stop(self, timeout: float = 60) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        path = self.logs / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def environment(base: dict[str, str], **settings: str) -> dict[str, str]:
+    """The processes' environment: the caller's, without a cluster of its own, plus `settings`."""
+    env = {k: v for k, v in base.items() if k != faults.ENV}
+    env.update(settings)
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[3]))
+    return env

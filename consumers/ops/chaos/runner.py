@@ -1,0 +1,280 @@
+"""One chaos run per fault, and the matrix of them (`docstream chaos`, `make chaos`).
+
+A run: a fresh local cluster (`brokers` nodes, free loopback ports) with docstream's topics; the
+pipeline's processes (pipeline.py) on a fresh home, the faulted workers armed from the start; the
+load (load.py) published while the fault strikes; then the run waits until the warehouse holds a
+result of every stage for every acknowledged upload and the rollups count them all, stops the
+pipeline, runs `docstream analytics --verify`, and hands everything to the checker.
+
+Recovery time: seconds from the first blow until the last result of an upload acknowledged before
+it reached the warehouse (`stage_results`: `upload_at` before the blow, the newest `inserted_at`;
+a redelivered completion is inserted again): the work in flight at the fault, done again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import requests
+
+from consumers.ops.chaos.checker import Row, judge, observe, query
+from consumers.ops.chaos.faults import FAULTS, Stage
+from consumers.ops.chaos.load import TENANTS, Load
+from consumers.ops.chaos.pipeline import DOCSTREAM, Pipeline, environment
+from docstream.errors import BrokerError
+from docstream.settings import Settings
+from docstream.topology import STAGES, declared_topics, group_id
+from infra.broker import free_port
+from infra.cluster import LocalCluster, free_port_run
+from infra.topics import ensure_topics
+from producers.api.keys import KeyStore
+from schemas.codec import make_codec
+
+WINDOW_S = 10
+PARTITIONS = 3
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    documents: int = 300
+    duration_s: float = 20.0
+    brokers: int = 3
+    seed: int | None = None
+    catch_up_s: float = 300.0
+    api: bool = True
+    keep: bool = False  # keep the run's folder (logs, home, cluster) when it is clean too
+
+
+def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], None] = print) -> Row:
+    fault = FAULTS[name]
+    seed = config.seed if config.seed is not None else random.randrange(10**6)
+    rnd = random.Random(f"{seed}:{name}")
+    folder = work / name
+    shutil.rmtree(folder, ignore_errors=True)
+    cluster = _started_cluster(folder / "cluster", config.brokers)
+    say(f"[{name}] seed {seed}: {config.brokers} broker(s) on {cluster.bootstrap}")
+    pipeline: Pipeline | None = None
+    try:
+        ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
+        home = folder / "home"
+        api_port = free_port()
+        env = environment(
+            dict(os.environ),
+            KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
+            DOCSTREAM_HOME=str(home),
+            DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
+            DOCSTREAM_RUNTIME__SESSION_TIMEOUT_MS="6000",
+            DOCSTREAM_RUNTIME__CONCURRENCY="4",
+            DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
+            DOCSTREAM_ANALYTICS__WINDOW_SIZES_MS=json.dumps([WINDOW_S * 1000, 60_000]),
+            DOCSTREAM_ANALYTICS__GRACE_MS="1000",
+            DOCSTREAM_ANALYTICS__IDLE_MS="1000",
+            DOCSTREAM_API__PORT=str(api_port),
+            DOCSTREAM_API__HOST="127.0.0.1",
+            # A run checks delivery, not admission: the API sheds nothing while a group it needs
+            # is killed (its completion rate drops and the predicted wait passes a short objective).
+            DOCSTREAM_API__OBJECTIVE_S="3600",
+        )
+        settings = Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS)
+        keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS} if config.api else {}
+        names = tuple(
+            n
+            for n in ("ocr", "embeddings", "thumbnails", "sink", "analytics", "api")
+            if config.api or n != "api"
+        )
+        pipeline = Pipeline(env, folder / "logs", names=names)
+        armed = fault.armed(rnd)
+        pipeline.start_all(armed)
+        for worker, value in armed.items():
+            say(f"[{name}] {worker} armed: {value}")
+        api_url = f"http://127.0.0.1:{api_port}" if config.api else None
+        if api_url is not None:
+            _await_api(api_url, pipeline)
+        stage = Stage(pipeline, cluster, rnd, lambda line: say(f"[{name}] {line}"))
+        stop = threading.Event()
+        supervisor = threading.Thread(target=_supervise, args=(stage, stop, bool(armed)), daemon=True)
+        supervisor.start()
+        striker = None
+        if fault.inject is not None:
+            delay = rnd.uniform(0.2, 0.4) * config.duration_s
+            striker = threading.Thread(target=_strike, args=(fault.inject, stage, delay), daemon=True)
+            striker.start()
+        load = Load(settings, name, config.documents, config.duration_s, rnd, api_url=api_url, api_keys=keys)
+        acked = load.run_all()
+        say(f"[{name}] {len(acked)} uploads acknowledged, {len(load.refused)} refused")
+        if striker is not None:
+            striker.join()
+        (folder / "acked.jsonl").write_text("".join(json.dumps(a.as_dict()) + "\n" for a in acked))
+        groups = [group_id(g) for g in ("ocr", "embeddings", "thumbnails", "analytics")]
+        caught_up_s = _await_results(settings, acked, config.catch_up_s, load.poison_id, len(groups))
+        stop.set()
+        supervisor.join()
+        say(f"[{name}] caught up after {caught_up_s:.0f} s")
+        recovery = _recovery_s(settings, stage.struck)
+        pipeline.stop()
+        verify = subprocess.run(
+            [*DOCSTREAM, "analytics", "--verify", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        report = json.loads(verify.stdout or "{}")
+        observed = observe(
+            settings, make_codec(None), tenants=TENANTS, window_s=WINDOW_S, poison=load.poison_id
+        )
+        row = judge(
+            name,
+            acked,
+            observed,
+            verified=verify.returncode == 0 and bool(report.get("ok")),
+            recovery_s=recovery,
+            groups=groups,
+        )
+        (folder / "row.json").write_text(json.dumps(row.as_dict(), indent=1, default=str) + "\n")
+        row.details.update(
+            seed=seed,
+            blows=len(stage.struck),
+            restarts=dict(pipeline.restarts),
+            exit_codes={k: v for k, v in pipeline.ended.items()},
+            refused=load.refused[:5],
+            caught_up_s=round(caught_up_s, 1),
+        )
+        return row
+    finally:
+        if pipeline is not None:
+            pipeline.stop()
+        cluster.stop(timeout=15)
+
+
+def _started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalCluster:
+    """A started cluster on free ports; on other ports again when a port was taken meanwhile."""
+    for attempt in range(1, attempts + 1):
+        base = free_port_run(2 * brokers)
+        cluster = LocalCluster(folder, brokers=brokers, broker_port=base, controller_port=base + 1)
+        try:
+            cluster.start(timeout=120)
+            return cluster
+        except BrokerError:
+            cluster.stop(timeout=10)
+            shutil.rmtree(folder, ignore_errors=True)
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _await_api(url: str, pipeline: Pipeline, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"{url}/health", timeout=2)
+            return
+        except requests.RequestException:
+            time.sleep(0.5)
+    raise RuntimeError(f"the API did not answer within {timeout:.0f} s:\n{pipeline.tail('api')}")
+
+
+def _supervise(stage: Stage, stop: threading.Event, armed: bool) -> None:
+    while not stop.is_set():
+        for restarted in stage.pipeline.supervise():
+            if armed:
+                with stage.lock:
+                    stage.struck.append(time.time())
+            stage.say(f"{restarted} ended ({stage.pipeline.ended[restarted][-1]}); started again")
+        stop.wait(0.5)
+
+
+def _strike(inject: Callable[[Stage], None], stage: Stage, delay: float) -> None:
+    time.sleep(delay)
+    inject(stage)
+
+
+def _await_results(
+    settings: Settings, acked: Sequence[object], timeout: float, poison: str, groups: int
+) -> float:
+    """Seconds until the warehouse has every stage's result for as many uploads as were
+    acknowledged, the rollups count as many, and every group's dead letter of the poisoned upload
+    is in; then a few more for late amendments."""
+    started = time.monotonic()
+    want = len(acked)
+    parameters = {"tenants": list(TENANTS), "w": WINDOW_S, "poison": poison}
+    while time.monotonic() - started < timeout:
+        time.sleep(3)
+        try:
+            stages = query(
+                settings.warehouse_url,
+                "SELECT stage, uniqExact(tenant, document_id, upload_offset)"
+                " FROM docstream.stage_results FINAL WHERE tenant IN %(tenants)s GROUP BY stage",
+                parameters,
+            )
+            rolled = query(
+                settings.warehouse_url,
+                "SELECT sum(documents) FROM docstream.current_rollups WHERE window_size_s = %(w)s"
+                " AND tenant IN %(tenants)s",
+                parameters,
+            )
+            lettered = query(
+                settings.warehouse_url,
+                "SELECT uniqExact(`group`) FROM docstream.dead_letters FINAL WHERE key = %(poison)s",
+                parameters,
+            )
+        except Exception:  # the sink restarting: it owns the embedded warehouse
+            continue
+        done = {s: int(n) for s, n in stages}
+        if (
+            all(done.get(s.name, 0) >= want for s in STAGES)
+            and rolled
+            and int(rolled[0][0] or 0) >= want
+            and int(lettered[0][0]) >= groups
+        ):
+            time.sleep(3)
+            return time.monotonic() - started
+    return time.monotonic() - started  # the checker says what is missing
+
+
+def _recovery_s(settings: Settings, struck: Sequence[float]) -> float | None:
+    if not struck:
+        return None
+    first = min(struck)
+    at = datetime.fromtimestamp(first, UTC)
+    rows = query(
+        settings.warehouse_url,
+        "SELECT max(inserted_at) FROM docstream.stage_results FINAL"
+        " WHERE upload_at <= %(at)s AND tenant IN %(tenants)s",
+        {"at": at, "tenants": list(TENANTS)},
+    )
+    done = rows[0][0] if rows else None
+    if not isinstance(done, datetime):
+        return None
+    done_at = done.replace(tzinfo=UTC).timestamp() if done.tzinfo is None else done.timestamp()
+    return round(max(0.0, done_at - first), 1)
+
+
+def run_matrix(
+    names: Sequence[str], work: Path, config: RunConfig, say: Callable[[str], None] = print
+) -> list[Row]:
+    rows = []
+    for name in names:
+        row = run_fault(name, work, config, say)
+        rows.append(row)
+        if row.clean and not config.keep:
+            shutil.rmtree(work / name, ignore_errors=True)
+        say(
+            f"[{name}] {'clean' if row.clean else 'NOT CLEAN'}: {row.events} events, lost {row.lost}, "
+            f"duplicated {row.duplicated}, unseen {row.unseen}, order violations {row.order_violations}, "
+            f"recovery {row.recovery_s} s, verify {'ok' if row.verified else 'FAILED'}"
+        )
+    return rows
+
+
+__all__ = ["FAULTS", "Row", "RunConfig", "run_fault", "run_matrix"]

@@ -1,0 +1,55 @@
+"""Fault points: where a chaos run (`docstream chaos`, consumers/ops/chaos) SIGKILLs a worker.
+
+A worker started with `DOCSTREAM_FAULT=<point>:<n>` kills itself with SIGKILL the n-th time it
+reaches `<point>`, counting from its start; without the variable every `reached` call is one
+comparison with None. The points, in the order an event passes them:
+
+    before_handle  the event is about to be handed to the handler: nothing of it done
+    in_handler     a stage wrote its result object, not yet its completion record or event
+    after_effect   effects written and result events acknowledged, the offsets not yet stored
+    after_store    offsets stored in the consumer, not yet committed to the broker
+
+Each is a moment where a crash must cost nothing but a redelivery: the chaos checker shows that
+no document is lost and no effect or rollup counted twice, whichever point it was.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+POINTS = ("before_handle", "in_handler", "after_effect", "after_store")
+ENV = "DOCSTREAM_FAULT"
+
+
+def parse(value: str | None) -> tuple[str, int] | None:
+    """`point:n` -> (point, n); None for an unset or empty value. Raises ValueError otherwise."""
+    if not value:
+        return None
+    point, _, count = value.partition(":")
+    if point not in POINTS or not count.isdigit() or int(count) < 1:
+        raise ValueError(
+            f"{ENV}={value!r}: expected <point>:<n> with point one of {', '.join(POINTS)} and n >= 1"
+        )
+    return point, int(count)
+
+
+_armed = parse(os.environ.get(ENV))
+_seen = 0
+_lock = threading.Lock()
+
+
+def reached(point: str) -> None:
+    """Count a pass through `point`; SIGKILL this process on the armed pass."""
+    if _armed is None or point != _armed[0]:
+        return
+    global _seen
+    with _lock:
+        _seen += 1
+        if _seen < _armed[1]:
+            return
+    sys.stderr.write(f"docstream fault: SIGKILL at {point} (pass {_seen})\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

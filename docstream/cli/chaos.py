@@ -1,0 +1,94 @@
+"""`docstream chaos [FAULT...]`: the pipeline under one fault per run, and the checker's table.
+
+Each run starts a fresh local cluster (three brokers by default, free loopback ports) and the
+whole pipeline as processes, publishes the load through the SDK and the HTTP API, strikes with
+its fault, waits for every group to catch up, and checks: lost, duplicated, unseen, per-key order
+violations, recovery time (`consumers.ops.chaos`, docs/chaos.md). Without a FAULT, every fault
+runs. Exit 1 when a row is not clean; `--json` prints the rows as one document.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from consumers.ops.chaos.faults import FAULTS
+from consumers.ops.chaos.runner import RunConfig, run_matrix
+from docstream.cli._common import console, print_json, reports_errors
+from docstream.errors import ConfigurationError
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="chaos")(chaos)
+
+
+@reports_errors
+def chaos(
+    faults: Annotated[
+        list[str] | None, typer.Argument(help="faults to run (default: all); see --list")
+    ] = None,
+    documents: Annotated[int, typer.Option(min=10, help="documents published per run")] = 300,
+    duration: Annotated[float, typer.Option(min=1.0, help="seconds the load is spread over")] = 20.0,
+    brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in each run's cluster")] = 3,
+    seed: Annotated[int | None, typer.Option(help="the random seed (default: a new one, printed)")] = None,
+    work: Annotated[Path | None, typer.Option(help="where runs keep their cluster, home and logs")] = None,
+    keep: Annotated[bool, typer.Option(help="keep the folder of a clean run too")] = False,
+    no_api: Annotated[bool, typer.Option("--no-api", help="publish through the SDK only")] = False,
+    list_faults: Annotated[bool, typer.Option("--list", help="list the faults and exit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
+) -> None:
+    """Run faults against the whole pipeline on a local cluster; report what each cost."""
+    if list_faults:
+        for name in FAULTS:
+            console.print(name)
+        return
+    names = faults or list(FAULTS)
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise ConfigurationError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    folder = work or Path(tempfile.mkdtemp(prefix="docstream-chaos-"))
+    config = RunConfig(
+        documents=documents, duration_s=duration, brokers=brokers, seed=seed, api=not no_api, keep=keep
+    )
+    rows = run_matrix(
+        names, folder, config, say=lambda line: console.print(line, markup=False, highlight=False)
+    )
+    if as_json:
+        print_json(
+            {"ok": all(r.clean for r in rows), "work": str(folder), "rows": [r.as_dict() for r in rows]}
+        )
+    else:
+        table = Table(
+            title=f"chaos: {brokers} broker(s), {documents} documents per run", title_justify="left"
+        )
+        for column in (
+            "fault",
+            "events",
+            "lost",
+            "duplicated",
+            "unseen",
+            "order violations",
+            "recovery s",
+            "verify",
+        ):
+            table.add_column(column, justify="left" if column == "fault" else "right")
+        for r in rows:
+            recovery = "-" if r.recovery_s is None else f"{r.recovery_s:.1f}"
+            table.add_row(
+                r.fault,
+                str(r.events),
+                str(r.lost),
+                str(r.duplicated),
+                str(r.unseen),
+                str(r.order_violations),
+                recovery,
+                "ok" if r.verified else "FAILED",
+            )
+        console.print(table)
+        console.print(f"runs kept under {folder} (logs, home, cluster) unless clean")
+    if not all(r.clean for r in rows):
+        raise typer.Exit(1)

@@ -1,0 +1,156 @@
+"""The chaos checker's judgement over what a run left behind, and the fault points' arming."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from consumers.ops.chaos.checker import Observed, judge
+from consumers.ops.chaos.faults import FAULTS
+from consumers.ops.chaos.load import Acked
+from consumers.runtime import faults
+
+STAGES = ("ocr", "embeddings", "thumbnails")
+GROUPS = ("docstream.ocr", "docstream.embeddings", "docstream.thumbnails", "docstream.analytics")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_of(uploads: list[tuple[str, str, int, str]]) -> tuple[list[Acked], Observed]:
+    """A clean run: every upload acknowledged, handled once by every stage, counted once."""
+    acked = [Acked(d, t, sha, 0, o, "sdk", 0.0) for t, d, o, sha in uploads]
+    on_topic = {(t, d, o): sha for t, d, o, sha in uploads}
+    latest: dict[tuple[str, str], int] = {}
+    for t, d, o, _ in uploads:
+        latest[(t, d)] = max(o, latest.get((t, d), -1))
+    firsts: dict[tuple[str, str], list[int]] = {}
+    for t, d, o, _ in sorted(uploads, key=lambda u: u[2]):
+        firsts.setdefault((t, d), []).append(o)
+    seen = Observed(
+        on_topic=on_topic,
+        stage_rows={s: dict.fromkeys(on_topic, 1) for s in STAGES},
+        upload_rows={k: sum(1 for t, d, _ in on_topic if (t, d) == k) for k in latest},
+        rolled=len(uploads),
+        completions=dict.fromkeys(STAGES, len(uploads)),
+        results=dict.fromkeys(STAGES, len({sha for *_, sha in uploads})),
+        first_completions={s: copy.deepcopy(firsts) for s in STAGES},
+        current=[(s, t, d, o) for s in STAGES for (t, d), o in latest.items()],
+        poison_letters=set(GROUPS),
+    )
+    return acked, seen
+
+
+UPLOADS = [("acme", "a", 0, "s1"), ("acme", "b", 1, "s2"), ("acme", "a", 2, "s3"), ("globex", "c", 3, "s1")]
+
+
+def counts(acked: list[Acked], seen: Observed) -> tuple[int, int, int, int]:
+    row = judge("f", acked, seen, verified=True, recovery_s=1.0, groups=GROUPS)
+    return row.lost, row.duplicated, row.unseen, row.order_violations
+
+
+def test_a_clean_run_reads_all_zeros() -> None:
+    acked, seen = run_of(UPLOADS)
+    row = judge("f", acked, seen, verified=True, recovery_s=1.0, groups=GROUPS)
+    assert (row.events, row.lost, row.duplicated, row.unseen, row.order_violations) == (4, 0, 0, 0, 0)
+    assert row.clean and row.details["distinct contents"] == 3
+
+
+def test_an_upload_a_stage_never_completed_is_lost_and_unseen() -> None:
+    acked, seen = run_of(UPLOADS)
+    del seen.stage_rows["embeddings"][("acme", "b", 1)]
+    seen.completions["embeddings"] -= 1
+    assert counts(acked, seen) == (2, 0, 1, 0)  # the upload, and the missing completion record
+
+
+def test_an_event_nobody_acknowledged_but_nobody_handled_is_unseen_only() -> None:
+    acked, seen = run_of(UPLOADS)
+    seen.on_topic[("acme", "x", 9)] = "s9"  # on the topic, never acknowledged to the load
+    seen.upload_rows[("acme", "x")] = 1
+    seen.rolled += 1
+    for stage in STAGES:
+        seen.completions[stage] += 1
+        seen.results[stage] += 1
+    assert counts(acked, seen) == (0, 0, 1, 0)
+
+
+def test_effects_counted_twice_are_duplicates() -> None:
+    acked, seen = run_of(UPLOADS)
+    seen.stage_rows["ocr"][("acme", "a", 0)] = 2
+    seen.upload_rows[("globex", "c")] = 2
+    seen.results["thumbnails"] += 1  # a content computed twice
+    seen.rolled += 1
+    assert counts(acked, seen) == (0, 4, 0, 0)
+
+
+def test_rollups_short_of_the_topic_and_acknowledged_uploads_not_on_it_are_lost() -> None:
+    acked, seen = run_of(UPLOADS)
+    seen.rolled -= 2
+    acked.append(Acked("z", "acme", "s7", 0, 42, "sdk", 0.0))
+    assert counts(acked, seen)[0] == 3
+
+
+def test_an_api_upload_from_the_outbox_is_found_by_its_content() -> None:
+    acked, seen = run_of(UPLOADS)
+    acked[1] = Acked("b", "acme", "s2", None, None, "api", 0.0)
+    assert counts(acked, seen) == (0, 0, 0, 0)
+    acked[1] = Acked("b", "acme", "other", None, None, "api", 0.0)
+    assert counts(acked, seen)[0] == 1
+
+
+def test_completions_out_of_upload_order_and_a_stale_current_are_order_violations() -> None:
+    acked, seen = run_of(UPLOADS)
+    seen.first_completions["ocr"][("acme", "a")] = [2, 0]
+    seen.current[0] = ("ocr", "acme", "a", 0)  # the current result is the older upload's
+    assert counts(acked, seen) == (0, 0, 0, 2)
+
+
+def test_a_poisoned_upload_missing_from_a_group_s_dead_letters_is_lost() -> None:
+    acked, seen = run_of(UPLOADS)
+    assert seen.poison_letters is not None
+    seen.poison_letters.discard("docstream.analytics")
+    seen.poison_upload_rows = 1
+    row = judge("f", acked, seen, verified=True, recovery_s=None, groups=GROUPS)
+    assert row.lost == 2 and row.details["poisoned upload"]["dead letters missing for"] == [
+        "docstream.analytics"
+    ]
+
+
+def test_a_failed_verification_is_not_clean() -> None:
+    acked, seen = run_of(UPLOADS)
+    assert not judge("f", acked, seen, verified=False, recovery_s=None, groups=GROUPS).clean
+
+
+def test_fault_values_parse_or_are_refused() -> None:
+    assert faults.parse(None) is None and faults.parse("") is None
+    assert faults.parse("after_store:3") == ("after_store", 3)
+    for bad in ("after_store", "nowhere:3", "after_store:0", "after_store:x"):
+        with pytest.raises(ValueError, match="DOCSTREAM_FAULT"):
+            faults.parse(bad)
+    assert {f.point for f in FAULTS.values() if f.point} == set(faults.POINTS)
+
+
+@pytest.mark.parametrize(
+    ("armed", "survives"), [("after_store:3", False), ("after_store:4", True), ("", True)]
+)
+def test_an_armed_point_sigkills_its_process_on_the_nth_pass(armed: str, survives: bool) -> None:
+    script = (
+        "from consumers.runtime import faults\n"
+        "for _ in range(3): faults.reached('after_store')\n"
+        "print('alive')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, faults.ENV: armed, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if survives:
+        assert done.returncode == 0 and done.stdout.strip() == "alive"
+    else:
+        assert done.returncode == -9 and "alive" not in done.stdout
+        assert "SIGKILL at after_store (pass 3)" in done.stderr
