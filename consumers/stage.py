@@ -39,9 +39,9 @@ from datetime import datetime
 from typing import Protocol
 
 from consumers.pages import inspect_document
-from consumers.runtime import Context, Handler, faults
+from consumers.runtime import Context, Handler
 from consumers.runtime.message import Message
-from docstream import logs
+from docstream import faults, logs
 from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError
 from docstream.idempotency import completion_key, idempotency_key, upload_time
@@ -300,7 +300,10 @@ class Effects:
         else:
             stored = self._blobs.get_result(stage.name, key)  # 3.
             if stored is None:
+                began = time.perf_counter()
                 result, fields = compute()
+                if (factor := faults.slowdown(stage.name)) > 1:  # a chaos run's slowed dependency
+                    time.sleep((time.perf_counter() - began) * (factor - 1))
                 outcome = "computed" if self._blobs.put_result(stage.name, key, result) else "reused"
                 self.counts.add(outcome, key)
                 faults.reached("in_handler")

@@ -29,7 +29,6 @@ from typing import Any
 
 import confluent_kafka
 
-from consumers.runtime import faults
 from consumers.runtime import headers as hdr
 from consumers.runtime.clients import ProducerClient
 from consumers.runtime.handoff import AckError, LaneReport
@@ -37,6 +36,7 @@ from consumers.runtime.message import Decoder, Event, Handler, Message, Ordering
 from consumers.runtime.offsets import Segment
 from consumers.runtime.retry import Route
 from consumers.runtime.schedule import MAX_UNIT_S, Block, Item, KeySchedule, SegmentRun, Unit
+from docstream import faults
 
 __all__ = ["LaneContext", "LaneReport", "Lanes", "Reroute", "Segment"]  # Segment: older imports
 

@@ -52,7 +52,6 @@ from typing import cast
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
-from consumers.runtime import faults
 from consumers.runtime.clients import (
     ClientConfig,
     Connection,
@@ -76,7 +75,7 @@ from consumers.runtime.retry import Route, backoff_ms, route
 from consumers.runtime.routing import dead_letter_record, retry_record
 from consumers.runtime.schedule import SegmentRun
 from consumers.runtime.stats import RunStats, WorkerHealth
-from docstream import logs
+from docstream import faults, logs
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka import config as kafka_config
 from docstream.kafka.connection import ConnectionWatch

@@ -38,6 +38,7 @@ from clickhouse_connect.driver.exceptions import (
 
 from consumers.warehouse.sql_guard import output_format as read_only_format
 from consumers.warehouse.sql_guard import read_only_sql
+from docstream import faults
 from docstream.errors import ConfigurationError, PermanentError, TransientError
 
 MIGRATIONS_TABLE = "docstream.schema_migrations"
@@ -190,6 +191,8 @@ class Warehouse:
         """Insert `rows` (tuples in `columns` order) into `table` (`database.table`) in one batch."""
         if not rows:
             return
+        if faults.switched_on(faults.WAREHOUSE_DOWN):  # a chaos run's outage (docstream.faults)
+            raise TransientError(f"insert into {table} failed, warehouse unreachable (fault switch)")
         try:
             with self._lock:
                 self._client.insert(table, rows, column_names=list(columns))

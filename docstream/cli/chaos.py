@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from consumers.ops.chaos.faults import FAULTS
+from consumers.ops.chaos.overload import OverloadConfig, run_overload
 from consumers.ops.chaos.runner import RunConfig, run_matrix
 from docstream.cli._common import console, print_json, reports_errors
 from docstream.errors import ConfigurationError
@@ -24,6 +25,7 @@ from docstream.errors import ConfigurationError
 
 def register(app: typer.Typer) -> None:
     app.command(name="chaos")(chaos)
+    app.command(name="overload")(overload)
 
 
 @reports_errors
@@ -87,8 +89,45 @@ def chaos(
                 str(r.order_violations),
                 recovery,
                 "ok" if r.verified else "FAILED",
+                "-" if r.isolated is None else "kept" if r.isolated else "LOST",
             )
         console.print(table)
         console.print(f"runs kept under {folder} (logs, home, cluster) unless clean")
     if not all(r.clean for r in rows):
+        raise typer.Exit(1)
+
+
+@reports_errors
+def overload(
+    duration: Annotated[float, typer.Option(min=10.0, help="seconds of overload")] = 600.0,
+    factor: Annotated[float, typer.Option(min=1.0, help="offered load over the measured capacity")] = 3.0,
+    objective: Annotated[float, typer.Option(min=1.0, help="the API's and the groups' objective (s)")] = 30.0,
+    probe: Annotated[int, typer.Option(min=10, help="documents of the capacity probe")] = 150,
+    brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 3,
+    work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
+) -> None:
+    """Offer the ingest API FACTOR times the pipeline's measured capacity; report what it shed,
+    what it accepted, how long accepted work waited and how far the groups fell behind."""
+    folder = work or Path(tempfile.mkdtemp(prefix="docstream-overload-"))
+    config = OverloadConfig(
+        duration_s=duration, factor=factor, objective_s=objective, probe=probe, brokers=brokers
+    )
+    report = run_overload(folder, config, say=lambda line: console.print(line, markup=False, highlight=False))
+    if as_json:
+        print_json({**report.as_dict(), "work": str(folder)})
+    else:
+        accepted, refused = sum(report.accepted.values()), sum(report.refused.values())
+        console.print(
+            f"capacity {report.capacity_per_s}/s, offered {report.offered_per_s}/s"
+            f" for {report.duration_s:.0f} s\n"
+            f"accepted {accepted} {report.accepted}, refused {refused} {report.refused},"
+            f" failed {report.failed}\n"
+            f"completed {report.completed} of {accepted}; accepted work waited {report.accepted_wait_s} s"
+            f" (objective {report.objective_s:g} s)\n"
+            f"largest time lag per group {report.max_time_lag_s} s (bound {1.5 * report.objective_s:g} s)\n"
+            f"Retry-After {report.retry_after_s} s\n"
+            + ("[green]held[/green]" if report.held else "[red]did not hold[/red]")
+        )
+    if not report.held:
         raise typer.Exit(1)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.ops.chaos.checker import Observed, judge
+from consumers.ops.chaos.checker import Observed, isolated, judge
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
-from consumers.runtime import faults
+from docstream import faults
 
 STAGES = ("ocr", "embeddings", "thumbnails")
 GROUPS = ("docstream.ocr", "docstream.embeddings", "docstream.thumbnails", "docstream.analytics")
@@ -137,11 +137,7 @@ def test_fault_values_parse_or_are_refused() -> None:
     ("armed", "survives"), [("after_store:3", False), ("after_store:4", True), ("", True)]
 )
 def test_an_armed_point_sigkills_its_process_on_the_nth_pass(armed: str, survives: bool) -> None:
-    script = (
-        "from consumers.runtime import faults\n"
-        "for _ in range(3): faults.reached('after_store')\n"
-        "print('alive')"
-    )
+    script = "from docstream import faults\nfor _ in range(3): faults.reached('after_store')\nprint('alive')"
     done = subprocess.run(
         [sys.executable, "-c", script],
         env={**os.environ, faults.ENV: armed, "PYTHONPATH": str(REPO)},
@@ -154,3 +150,40 @@ def test_an_armed_point_sigkills_its_process_on_the_nth_pass(armed: str, survive
     else:
         assert done.returncode == -9 and "alive" not in done.stdout
         assert "SIGKILL at after_store (pass 3)" in done.stderr
+
+
+def test_a_slowed_stage_is_isolated_only_when_the_others_keep_their_pace() -> None:
+    kept = {"first_p90_s": 0.5, "last_p90_s": 0.9}
+    slow = {"first_p90_s": 2.0, "last_p90_s": 9.0}
+    assert isolated({"ocr": kept, "embeddings": slow, "thumbnails": kept}, "embeddings")
+    dragged = {"first_p90_s": 0.5, "last_p90_s": 4.0}  # more than twice its start, plus 1 s
+    assert not isolated({"ocr": dragged, "embeddings": slow, "thumbnails": kept}, "embeddings")
+    assert not isolated({"ocr": kept, "embeddings": kept, "thumbnails": kept}, "embeddings"), (
+        "not slowed at all"
+    )
+
+
+def test_switches_and_slowdowns_are_inert_unless_set(tmp_path: Path) -> None:
+    script = (
+        "from docstream import faults\n"
+        "print(faults.switched_on(faults.WAREHOUSE_DOWN),"
+        " faults.slowdown('embeddings'), faults.slowdown('ocr'))"
+    )
+
+    def run(**env: str) -> str:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("DOCSTREAM_FAULT")}
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**clean, **env, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout.strip()
+
+    assert run() == "False 1.0 1.0"
+    assert run(**{faults.SWITCHES_ENV: str(tmp_path), faults.SLOW_ENV: "embeddings:10"}) == "False 10.0 1.0"
+    (tmp_path / faults.WAREHOUSE_DOWN).touch()
+    assert run(**{faults.SWITCHES_ENV: str(tmp_path)}) == "True 1.0 1.0"
+    with pytest.raises(ValueError, match="DOCSTREAM_FAULT_SLOW"):
+        faults.parse_slow("embeddings:0.5")

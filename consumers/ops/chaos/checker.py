@@ -57,10 +57,12 @@ class Row:
     recovery_s: float | None
     verified: bool  # docstream analytics --verify: every closed window equals its recount
     details: dict[str, Any] = field(default_factory=dict)
+    isolated: bool | None = None  # slow-dependency: the other stages kept their pace (None: not asked)
 
     @property
     def clean(self) -> bool:
-        return self.verified and not (self.lost or self.duplicated or self.unseen or self.order_violations)
+        counted = self.lost or self.duplicated or self.unseen or self.order_violations
+        return self.verified and not counted and self.isolated is not False
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "clean": self.clean}
@@ -291,3 +293,36 @@ def judge(
 
 def _count(folder: Path) -> int:
     return sum(1 for _ in folder.rglob("*.json")) if folder.exists() else 0
+
+
+def pace(url: str, tenants: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Per stage, the 90th percentile of upload-to-completion seconds of the first and of the last
+    third of the run's uploads (by upload time): a stage that keeps its pace has them alike."""
+    rows = query(
+        url,
+        "SELECT stage, upload_at, dateDiff('millisecond', upload_at, completed_at) / 1000.0"
+        " FROM docstream.stage_results FINAL WHERE tenant IN %(tenants)s ORDER BY stage, upload_at",
+        {"tenants": list(tenants)},
+    )
+    by_stage: dict[str, list[float]] = defaultdict(list)
+    for stage, _, seconds in rows:
+        by_stage[stage].append(max(0.0, float(seconds)))
+    out = {}
+    for stage, waits in by_stage.items():
+        third = max(1, len(waits) // 3)
+        out[stage] = {"first_p90_s": _p90(waits[:third]), "last_p90_s": _p90(waits[-third:])}
+    return out
+
+
+def isolated(paces: dict[str, dict[str, float]], slowed: str) -> bool:
+    """The slowed stage fell behind (its last third waited longer than any other stage's) and every
+    other stage kept its pace: its last third's p90 within twice its first third's, plus 1 s."""
+    others = {s: p for s, p in paces.items() if s != slowed}
+    kept = all(p["last_p90_s"] <= 2 * p["first_p90_s"] + 1.0 for p in others.values())
+    behind = slowed in paces and all(paces[slowed]["last_p90_s"] > p["last_p90_s"] for p in others.values())
+    return kept and behind
+
+
+def _p90(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 2) if ordered else 0.0

@@ -4,7 +4,7 @@ A fault is a function of the run's `Stage` (its pipeline, cluster and random sou
 its damage and returns when it is over; the times it struck are added to `stage.struck`.
 
     worker-before-handle   every runtime worker (three stages, the sink) started armed to SIGKILL
-    worker-in-handler      itself at that point (consumers.runtime.faults) on a pass drawn from
+    worker-in-handler      itself at that point (docstream.faults) on a pass drawn from
     worker-after-effect    `ARMED_PASSES`; the supervisor starts each again at once, unarmed
     worker-after-store     (in-handler: the three stages, where a stage writes its result object)
     random-kills           SIGKILL of a stage worker, the sink and the analytics worker at random
@@ -12,6 +12,11 @@ its damage and returns when it is over; the times it struck are added to `stage.
     rolling-restart        SIGTERM and restart of every process in turn (stages, sink, analytics, API)
     leader-kill            SIGKILL of the broker leading most upload partitions; started again 10 s later
     broker-pause           SIGSTOP of that broker for 30 s, then SIGCONT: partitioned away and back
+    warehouse-down         every warehouse insert fails as an unreachable server's does, for 60 s
+                           (the switch in docstream.faults): the sink backs off through its retry
+                           topic and catches up
+    slow-dependency        the embeddings stage's compute slowed tenfold for the whole run: the
+                           other groups must keep their pace (`isolation` in the row)
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from confluent_kafka import Consumer
 
 from consumers.ops.chaos.pipeline import STAGES, Pipeline
+from docstream import faults
 from docstream.topology import DOC_UPLOADED
 from infra.broker import LocalBroker
 from infra.cluster import LocalCluster
@@ -42,6 +49,8 @@ ARMED_PASSES = {
 }
 BROKER_DOWN_S = 10.0
 PAUSE_S = 30.0
+WAREHOUSE_DOWN_S = 60.0
+SLOWED = ("embeddings", 10.0)
 
 
 @dataclass
@@ -50,6 +59,7 @@ class Stage:
     cluster: LocalCluster
     rnd: random.Random
     say: Callable[[str], None]
+    switches: Path  # DOCSTREAM_FAULT_SWITCHES of the run's processes
     struck: list[float] = field(default_factory=list)  # time.time() of each blow
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,6 +123,17 @@ def broker_pause(stage: Stage) -> None:
     stage.say(f"broker {victim} resumed (SIGCONT)")
 
 
+def warehouse_down(stage: Stage) -> None:
+    switch = stage.switches / faults.WAREHOUSE_DOWN
+    with stage.lock:
+        stage.struck.append(time.time())
+    switch.touch()
+    stage.say(f"warehouse down (every insert fails) for {WAREHOUSE_DOWN_S:.0f} s")
+    time.sleep(WAREHOUSE_DOWN_S)
+    switch.unlink()
+    stage.say("warehouse back")
+
+
 @dataclass(frozen=True)
 class Fault:
     """`point`: the fault point armed in `workers` from the start (they die on their own, the
@@ -122,6 +143,8 @@ class Fault:
     point: str | None = None
     workers: tuple[str, ...] = ()
     inject: Callable[[Stage], None] | None = None
+    env: tuple[tuple[str, str], ...] = ()  # for every process of the run
+    slowed: str | None = None  # the stage slowed down: the others' pace is checked
 
     def armed(self, rnd: random.Random) -> dict[str, str]:
         """The DOCSTREAM_FAULT value of each armed worker: `point:pass`, the pass drawn per worker."""
@@ -142,5 +165,7 @@ FAULTS: dict[str, Fault] = {
         Fault("rolling-restart", inject=rolling_restart),
         Fault("leader-kill", inject=leader_kill),
         Fault("broker-pause", inject=broker_pause),
+        Fault("warehouse-down", inject=warehouse_down),
+        Fault("slow-dependency", env=((faults.SLOW_ENV, f"{SLOWED[0]}:{SLOWED[1]:g}"),), slowed=SLOWED[0]),
     )
 }

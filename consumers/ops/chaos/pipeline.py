@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers.runtime import faults
+from docstream import faults
 
 STAGES = ("ocr", "embeddings", "thumbnails")
 DOCSTREAM = [sys.executable, "-c", "from docstream.cli import main; main()"]
@@ -38,7 +38,7 @@ class Pipeline:
             self.start(name, (armed or {}).get(name))
 
     def start(self, name: str, fault: str | None = None) -> None:
-        """Start `name`; `fault` ("point:n") arms a fault point in it (consumers.runtime.faults)."""
+        """Start `name`; `fault` ("point:n") arms a fault point in it (docstream.faults)."""
         env = dict(self.env)
         env.pop(faults.ENV, None)
         if fault is not None:

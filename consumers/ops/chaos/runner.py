@@ -27,7 +27,7 @@ from pathlib import Path
 
 import requests
 
-from consumers.ops.chaos.checker import Row, judge, observe, query
+from consumers.ops.chaos.checker import Row, isolated, judge, observe, pace, query
 from consumers.ops.chaos.faults import FAULTS, Stage
 from consumers.ops.chaos.load import TENANTS, Load
 from consumers.ops.chaos.pipeline import DOCSTREAM, Pipeline, environment
@@ -61,7 +61,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
     rnd = random.Random(f"{seed}:{name}")
     folder = work / name
     shutil.rmtree(folder, ignore_errors=True)
-    cluster = _started_cluster(folder / "cluster", config.brokers)
+    cluster = started_cluster(folder / "cluster", config.brokers)
     say(f"[{name}] seed {seed}: {config.brokers} broker(s) on {cluster.bootstrap}")
     pipeline: Pipeline | None = None
     try:
@@ -84,7 +84,10 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             # A run checks delivery, not admission: the API sheds nothing while a group it needs
             # is killed (its completion rate drops and the predicted wait passes a short objective).
             DOCSTREAM_API__OBJECTIVE_S="3600",
+            DOCSTREAM_FAULT_SWITCHES=str(folder / "switches"),
+            **dict(fault.env),
         )
+        (folder / "switches").mkdir(parents=True, exist_ok=True)
         settings = Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS)
         keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS} if config.api else {}
         names = tuple(
@@ -99,8 +102,8 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             say(f"[{name}] {worker} armed: {value}")
         api_url = f"http://127.0.0.1:{api_port}" if config.api else None
         if api_url is not None:
-            _await_api(api_url, pipeline)
-        stage = Stage(pipeline, cluster, rnd, lambda line: say(f"[{name}] {line}"))
+            await_api(api_url, pipeline)
+        stage = Stage(pipeline, cluster, rnd, lambda line: say(f"[{name}] {line}"), folder / "switches")
         stop = threading.Event()
         supervisor = threading.Thread(target=_supervise, args=(stage, stop, bool(armed)), daemon=True)
         supervisor.start()
@@ -121,6 +124,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         supervisor.join()
         say(f"[{name}] caught up after {caught_up_s:.0f} s")
         recovery = _recovery_s(settings, stage.struck)
+        paces = pace(settings.warehouse_url, TENANTS)
         pipeline.stop()
         verify = subprocess.run(
             [*DOCSTREAM, "analytics", "--verify", "--json"],
@@ -141,6 +145,9 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             recovery_s=recovery,
             groups=groups,
         )
+        row.details["pace"] = paces
+        if fault.slowed is not None:
+            row.isolated = isolated(paces, fault.slowed)
         (folder / "row.json").write_text(json.dumps(row.as_dict(), indent=1, default=str) + "\n")
         row.details.update(
             seed=seed,
@@ -157,7 +164,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         cluster.stop(timeout=15)
 
 
-def _started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalCluster:
+def started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalCluster:
     """A started cluster on free ports; on other ports again when a port was taken meanwhile."""
     for attempt in range(1, attempts + 1):
         base = free_port_run(2 * brokers)
@@ -173,7 +180,7 @@ def _started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalClus
     raise AssertionError("unreachable")
 
 
-def _await_api(url: str, pipeline: Pipeline, timeout: float = 90) -> None:
+def await_api(url: str, pipeline: Pipeline, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

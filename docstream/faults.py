@@ -11,6 +11,14 @@ comparison with None. The points, in the order an event passes them:
 
 Each is a moment where a crash must cost nothing but a redelivery: the chaos checker shows that
 no document is lost and no effect or rollup counted twice, whichever point it was.
+
+Two more faults a chaos run turns on from outside (inert without their variables):
+
+    DOCSTREAM_FAULT_SWITCHES=<dir>   while `<dir>/warehouse-down` exists, the warehouse adapter
+                                     fails every insert as an unreachable server does
+                                     (TransientError: the sink's batch takes the retry path)
+    DOCSTREAM_FAULT_SLOW=<stage>:<f> that stage's compute takes f times as long (it sleeps f-1
+                                     times what the compute took): a dependency slowed f-fold
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ import threading
 
 POINTS = ("before_handle", "in_handler", "after_effect", "after_store")
 ENV = "DOCSTREAM_FAULT"
+SWITCHES_ENV = "DOCSTREAM_FAULT_SWITCHES"
+SLOW_ENV = "DOCSTREAM_FAULT_SLOW"
+WAREHOUSE_DOWN = "warehouse-down"
 
 
 def parse(value: str | None) -> tuple[str, int] | None:
@@ -36,7 +47,23 @@ def parse(value: str | None) -> tuple[str, int] | None:
     return point, int(count)
 
 
+def parse_slow(value: str | None) -> tuple[str, float] | None:
+    """`stage:factor` -> (stage, factor); None for an unset or empty value."""
+    if not value:
+        return None
+    stage, _, factor = value.partition(":")
+    try:
+        number = float(factor)
+    except ValueError:
+        number = 0.0
+    if not stage or number < 1:
+        raise ValueError(f"{SLOW_ENV}={value!r}: expected <stage>:<factor> with factor >= 1")
+    return stage, number
+
+
 _armed = parse(os.environ.get(ENV))
+_switches = os.environ.get(SWITCHES_ENV) or None
+_slow = parse_slow(os.environ.get(SLOW_ENV))
 _seen = 0
 _lock = threading.Lock()
 
@@ -53,3 +80,13 @@ def reached(point: str) -> None:
     sys.stderr.write(f"docstream fault: SIGKILL at {point} (pass {_seen})\n")
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def switched_on(name: str) -> bool:
+    """Whether the switch file `name` exists in DOCSTREAM_FAULT_SWITCHES (False when unset)."""
+    return _switches is not None and os.path.exists(os.path.join(_switches, name))
+
+
+def slowdown(stage: str) -> float:
+    """The factor `stage`'s compute is slowed by (1.0: not slowed)."""
+    return _slow[1] if _slow is not None and _slow[0] == stage else 1.0

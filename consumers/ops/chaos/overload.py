@@ -1,0 +1,282 @@
+"""Overload: the pipeline offered more than it can do, and the door shedding it (`docstream
+overload`).
+
+On a fresh local cluster (three brokers) with the whole pipeline running as processes:
+
+1. capacity: a burst of `probe` documents published at once through the SDK; the pipeline's
+   capacity is that many divided by the seconds until every stage has completed all of them (the
+   slowest group and the sink decide);
+2. overload: uploads posted to the ingest API at `factor` times that capacity for `duration_s`,
+   open loop (each at its scheduled time, whatever the answers before it), half interactive and
+   half bulk; each answer is recorded (202, or 429 with its Retry-After), and the API's /health
+   is sampled every 2 s for each group's time lag;
+3. drain: the run waits until every accepted upload has completed in every stage.
+
+Reported: accepted, refused (per priority), completed; the wait of accepted work (upload to its
+last stage's completion: p50, p99, max) against the objective; the largest time lag any group
+reached against 1.5 times the objective. It holds when the API shed (refused > 0), every accepted
+upload completed, and no group's time lag passed 1.5 times the objective.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from consumers.ops.chaos.checker import query
+from consumers.ops.chaos.load import TENANTS, text_of
+from consumers.ops.chaos.pipeline import Pipeline, environment
+from consumers.ops.chaos.runner import PARTITIONS, await_api, started_cluster
+from docstream.settings import Settings
+from docstream.topology import STAGES, declared_topics
+from infra.broker import free_port
+from infra.topics import ensure_topics
+from producers.api.keys import KeyStore
+from producers.publisher import Publisher
+
+HEALTH_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    duration_s: float = 600.0
+    factor: float = 3.0
+    objective_s: float = 30.0
+    probe: int = 150
+    brokers: int = 3
+    drain_s: float = 900.0
+    seed: int | None = None
+
+
+@dataclass
+class OverloadReport:
+    capacity_per_s: float
+    offered_per_s: float
+    duration_s: float
+    objective_s: float
+    accepted: dict[str, int]
+    refused: dict[str, int]
+    failed: int  # neither 202 nor 429 (a timeout, a 5xx)
+    completed: int
+    accepted_wait_s: dict[str, float]  # p50, p99, max: upload to its last stage's completion
+    max_time_lag_s: dict[str, float]  # per group, over the run's health samples
+    retry_after_s: dict[str, float]  # p50 and max of the 429s' Retry-After
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def held(self) -> bool:
+        lag_bound = 1.5 * self.objective_s
+        return (
+            sum(self.refused.values()) > 0
+            and self.completed == sum(self.accepted.values())
+            and all(lag <= lag_bound for lag in self.max_time_lag_s.values())
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "held": self.held}
+
+
+def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] = print) -> OverloadReport:
+    rnd = random.Random(config.seed)
+    folder = work / "overload"
+    shutil.rmtree(folder, ignore_errors=True)
+    cluster = started_cluster(folder / "cluster", config.brokers)
+    pipeline: Pipeline | None = None
+    try:
+        ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
+        home, api_port = folder / "home", free_port()
+        env = environment(
+            dict(os.environ),
+            KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
+            DOCSTREAM_HOME=str(home),
+            DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
+            DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
+            DOCSTREAM_API__PORT=str(api_port),
+            DOCSTREAM_API__HOST="127.0.0.1",
+            DOCSTREAM_API__OBJECTIVE_S=f"{config.objective_s:g}",
+            DOCSTREAM_API__QUOTA_RATE_PER_S="10000",
+            DOCSTREAM_API__QUOTA_BURST="10000",
+            DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
+        )
+        settings = Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS)
+        keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS}
+        pipeline = Pipeline(env, folder / "logs")
+        pipeline.start_all()
+        url = f"http://127.0.0.1:{api_port}"
+        await_api(url, pipeline)
+        capacity = _capacity(settings, config.probe, say)
+        offered = config.factor * capacity
+        say(
+            f"overload: capacity {capacity:.1f} uploads/s;"
+            f" offering {offered:.1f}/s for {config.duration_s:.0f} s"
+        )
+        lags: dict[str, float] = {}
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch_health, args=(url, lags, stop), daemon=True)
+        watcher.start()
+        answers = _offer(url, keys, offered, config.duration_s, rnd, say)
+        accepted_ids = [a["document_id"] for a in answers if a["status"] == 202]
+        say(f"overload: {len(accepted_ids)} accepted; draining")
+        completed, waits = _drain(settings, accepted_ids, config.drain_s)
+        stop.set()
+        watcher.join()
+        retry_after = sorted(float(a["retry_after"]) for a in answers if a["status"] == 429)
+        report = OverloadReport(
+            capacity_per_s=round(capacity, 2),
+            offered_per_s=round(offered, 2),
+            duration_s=config.duration_s,
+            objective_s=config.objective_s,
+            accepted={
+                p: sum(1 for a in answers if a["status"] == 202 and a["priority"] == p) for p in PRIORITIES
+            },
+            refused={
+                p: sum(1 for a in answers if a["status"] == 429 and a["priority"] == p) for p in PRIORITIES
+            },
+            failed=sum(1 for a in answers if a["status"] not in (202, 429)),
+            completed=completed,
+            accepted_wait_s=_quantiles(waits),
+            max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
+            retry_after_s=_quantiles(retry_after, ("p50", "max")),
+        )
+        (folder / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+        return report
+    finally:
+        if pipeline is not None:
+            pipeline.stop()
+        cluster.stop(timeout=15)
+
+
+PRIORITIES = ("interactive", "bulk")
+
+
+def _capacity(settings: Settings, probe: int, say: Callable[[str], None]) -> float:
+    """Uploads per second the whole pipeline completes, from a burst of `probe` documents."""
+    run = f"probe-{time.time_ns()}"
+    started = time.monotonic()
+    with Publisher.from_settings(settings) as publisher:
+        publisher.publish_documents(
+            [text_of(run, i, 1) for i in range(probe)], tenant=TENANTS[0], max_in_flight=probe
+        )
+    ids = None
+    while time.monotonic() - started < 600:
+        time.sleep(1)
+        try:
+            rows = query(
+                settings.warehouse_url,
+                "SELECT stage, count() FROM docstream.stage_results FINAL"
+                " WHERE tenant = %(t)s GROUP BY stage",
+                {"t": TENANTS[0]},
+            )
+        except Exception:
+            continue
+        done = {s: int(n) for s, n in rows}
+        if all(done.get(s.name, 0) >= probe for s in STAGES):
+            ids = probe
+            break
+    if ids is None:
+        raise RuntimeError(f"the {probe} probe documents were not completed within 600 s")
+    seconds = time.monotonic() - started
+    say(f"capacity probe: {probe} documents completed by every stage in {seconds:.1f} s")
+    return probe / seconds
+
+
+def _offer(
+    url: str,
+    keys: dict[str, str],
+    rate: float,
+    duration_s: float,
+    rnd: random.Random,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Open loop: upload n at started + n/rate, on a pool of threads, until duration_s."""
+    total = int(rate * duration_s)
+    started = time.monotonic()
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=64)
+    session.mount("http://", adapter)
+
+    def post(n: int) -> dict[str, Any]:
+        time.sleep(max(0.0, started + n / rate - time.monotonic()))
+        tenant, priority = TENANTS[n % len(TENANTS)], PRIORITIES[n % 2]
+        sent = time.time()
+        try:
+            answer = session.post(
+                f"{url}/v1/documents",
+                headers={"Authorization": f"Bearer {keys[tenant]}"},
+                files={"file": (f"o-{n}.txt", text_of("overload", n, 1), "text/plain")},
+                data={"priority": priority},
+                timeout=30,
+            )
+        except requests.RequestException as exc:
+            return {"n": n, "status": 0, "priority": priority, "error": str(exc), "at": sent}
+        body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
+        return {
+            "n": n,
+            "status": answer.status_code,
+            "priority": priority,
+            "document_id": body.get("document_id"),
+            "retry_after": answer.headers.get("Retry-After", 0),
+            "at": sent,
+        }
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=48) as pool:
+        answers = list(pool.map(post, range(total)))
+    del rnd
+    refused = sum(1 for a in answers if a["status"] == 429)
+    say(f"overload: {total} uploads offered in {time.monotonic() - started:.0f} s, {refused} refused (429)")
+    return answers
+
+
+def _watch_health(url: str, lags: dict[str, float], stop: threading.Event) -> None:
+    while not stop.wait(HEALTH_EVERY_S):
+        try:
+            groups = requests.get(f"{url}/health", timeout=5).json().get("groups", {})
+        except (requests.RequestException, ValueError):
+            continue
+        for name, entry in groups.items():
+            if entry.get("time_lag_s") is not None:
+                lags[name] = max(lags.get(name, 0.0), float(entry["time_lag_s"]))
+
+
+def _drain(settings: Settings, ids: list[str], timeout: float) -> tuple[int, list[float]]:
+    """Until every accepted upload has completed in every stage: how many did, and each one's wait
+    (its upload to its last stage's completion)."""
+    wanted = set(ids)
+    started = time.monotonic()
+    waits: dict[str, float] = {}
+    while time.monotonic() - started < timeout:
+        try:
+            rows = query(
+                settings.warehouse_url,
+                "SELECT document_id, count(DISTINCT stage),"
+                " dateDiff('millisecond', min(upload_at), max(completed_at)) / 1000.0"
+                " FROM docstream.stage_results FINAL WHERE document_id IN %(ids)s GROUP BY document_id",
+                {"ids": list(wanted)},
+            )
+        except Exception:
+            time.sleep(2)
+            continue
+        waits = {d: float(w) for d, n, w in rows if int(n) == len(STAGES)}
+        if len(waits) == len(wanted):
+            break
+        time.sleep(3)
+    return len(waits), sorted(waits.values())
+
+
+def _quantiles(values: list[float], names: tuple[str, ...] = ("p50", "p99", "max")) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    at = {"p50": 0.5, "p99": 0.99, "max": 1.0}
+    return {n: round(ordered[min(len(ordered) - 1, int(at[n] * len(ordered)))], 2) for n in names}
