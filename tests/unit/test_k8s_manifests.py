@@ -8,6 +8,7 @@ is on the PATH.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from consumers.groups import WORKER_GROUPS
 from consumers.ops.exporter import METRIC_NAMES
 from docstream.settings import RuntimeSettings, ScalingSettings, Settings
 from docstream.topology import GROUPS, group_id
+from infra.topics import Replication
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
@@ -34,8 +36,11 @@ SIGNAL = "docstream_consumer_group_hpa_signal"
 KAFKA_TRIGGER_EXAMPLE = K8S / "keda" / "kafka-trigger.example.yaml"  # documents the alternative
 ADAPTER_VALUES = K8S / "hpa" / "prometheus-adapter-values.yaml"  # Helm values, not an object
 NOT_APPLIED = {KAFKA_TRIGGER_EXAMPLE, ADAPTER_VALUES}
-KUSTOMIZATIONS = ("base", "monitoring", "keda", "hpa", "gpu")
-OVERLAYS = ("keda", "hpa")
+KUSTOMIZATIONS = ("base", "monitoring", "keda", "hpa", "gpu", "three-brokers")
+OVERLAYS = ("keda", "hpa", "three-brokers")
+THREE_BROKERS = K8S / "three-brokers"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 GROUP_NAMES = [g.name for g in GROUPS]
 COMMANDS = {
@@ -122,6 +127,16 @@ def policy_bounds() -> tuple[int, int]:
     return int(env["DOCSTREAM_SCALING__MIN_REPLICAS"]), int(env["DOCSTREAM_SCALING__MAX_REPLICAS"])
 
 
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize directory` renders."""
+    assert KUBECTL is not None
+    built = subprocess.run(
+        [KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
 def dashboard() -> dict[str, Any]:
     result: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     return result
@@ -181,7 +196,8 @@ def test_every_yaml_file_parses_and_every_object_is_named_and_namespaced() -> No
 def test_every_docstream_setting_in_the_manifests_exists() -> None:
     """A misspelt DOCSTREAM_* variable would be ignored silently (extra="ignore")."""
     names = set(configmap())
-    for obj in objects("base", "gpu"):
+    for obj in objects("base", "gpu", "three-brokers"):
+        names |= set(obj.get("data", {})) if obj["kind"] == "ConfigMap" else set()
         spec = obj.get("spec", {}).get("template", {}).get("spec", {})
         for c in spec.get("containers", []):
             names |= {e["name"] for e in c.get("env", [])}
@@ -399,18 +415,62 @@ def test_kustomizations_list_files_that_exist_and_every_manifest_is_listed(direc
     assert manifests - {p.resolve() for p in NOT_APPLIED} <= referenced
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_overlays_build(overlay: str) -> None:
-    built = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert built.returncode == 0, built.stderr
-    kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
-    scaler = "ScaledObject" if overlay == "keda" else "HorizontalPodAutoscaler"
+    kinds = [d["kind"] for d in kustomize(K8S / overlay)]
+    scaler = "HorizontalPodAutoscaler" if overlay == "hpa" else "ScaledObject"
     assert kinds.count(scaler) == len(GROUPS)
     assert kinds.count("Deployment") == len(GROUPS) + 1  # + the exporter
     assert "ServiceMonitor" in kinds
+
+
+def three_broker_settings(data: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a pod of the three-broker overlay reads from its ConfigMap (envFrom)."""
+    for name in list(os.environ):
+        if name.startswith(("DOCSTREAM_", "KAFKA_")):
+            monkeypatch.delenv(name)
+    for name, value in data.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def assert_three_brokers_three_replicas(settings: Settings) -> None:
+    assert not settings.uses_local_broker
+    servers = settings.bootstrap.split(",")
+    assert len(servers) == len(set(servers)) == 3, servers
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        assert host and host == host.strip() and port.isdigit(), server
+    assert settings.replication_factor == 3
+    assert Replication.for_brokers(len(servers), settings.replication_factor) == Replication(3, 2)
+
+
+def test_the_three_broker_patch_lists_three_brokers_and_sets_three_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (patch,) = load_docs(THREE_BROKERS / "configmap-kafka.yaml")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "docstream-config")
+    assert set(patch["data"]) == {"KAFKA_BOOTSTRAP_SERVERS", "DOCSTREAM_REPLICATION_FACTOR"}
+    assert_three_brokers_three_replicas(three_broker_settings({**configmap(), **patch["data"]}, monkeypatch))
+
+
+@needs_kubectl
+def test_the_three_broker_overlay_renders_the_list_and_the_replication(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = kustomize(THREE_BROKERS)
+    (config,) = [
+        o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "docstream-config"
+    ]
+    assert_three_brokers_three_replicas(three_broker_settings(config["data"], monkeypatch))
+    assert config["data"]["DOCSTREAM_TOPIC_PARTITIONS"] == configmap()["DOCSTREAM_TOPIC_PARTITIONS"]
+    # every process reads it: the setup Job (topics ensure), the exporter and each group
+    pods = [o for o in rendered if o["kind"] in {"Deployment", "Job"}]
+    assert len(pods) == len(GROUPS) + 2
+    for pod in pods:
+        for c in pod["spec"]["template"]["spec"]["containers"]:
+            assert {"configMapRef": {"name": "docstream-config"}} in c["envFrom"], pod["metadata"]["name"]
 
 
 # -- the dashboard and the metric names ------------------------------------------------------------
