@@ -70,6 +70,21 @@ BEHAVIOR = {
     },
 }
 METRIC_NAME = re.compile(r"\bdocstream_[a-z0-9_]*[a-z0-9]\b")
+# PromQL, as far as the metric names go: the words that are not metric names, and what to cut out
+# before looking for names (strings, label matchers, ranges, label lists of by/without/on/...).
+PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
+PROMQL_KEYWORDS |= {"group_left", "group_right", "inf", "nan", "start", "end"}
+PROMQL_CUTS = (
+    (re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`"""), '""'),
+    (re.compile(r"\$(?:\{[^}]*\}|\w+)"), "0"),  # Grafana's variables: $group, ${group:regex}
+    (re.compile(r"\{[^}]*\}"), " "),
+    (re.compile(r"\[[^\]]*\]"), " "),
+    (re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"), " "),
+)
+PROMQL_WORD = re.compile(r"(?<![\w.:])[A-Za-z_:][\w:]*")
+NAME_MATCHER = re.compile(r'\b__name__\s*=\s*"([^"]+)"')
+# Targets that read no series, by design.
+NO_SERIES = {"vector($objective_s)"}
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -150,6 +165,38 @@ def panels(d: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def dashboard_exprs() -> list[str]:
     return [t["expr"] for p in panels(dashboard()) for t in p.get("targets", [])]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """Every PromQL query of the dashboard, with where it is: each panel's targets, and the series
+    selectors of the template variables (`label_values(metric, label)`, `query_result(expr)`)."""
+    d = dashboard()
+    out = [(f"panel {p['title']!r}", t["expr"]) for p in panels(d) for t in p.get("targets", [])]
+    for variable in d["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = variable["query"]
+        text = query["query"] if isinstance(query, dict) else query
+        inner = re.fullmatch(r"\s*(label_values|query_result)\((.*)\)\s*", text, re.DOTALL)
+        assert inner, f"variable {variable['name']}: {text!r} is not label_values(...) or query_result(...)"
+        function, args = inner.groups()
+        selector = args if function == "query_result" else args.rpartition(",")[0] if "," in args else ""
+        out.append((f"variable ${variable['name']}", selector))
+    return out
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: every word that is not a function or an
+    aggregation (followed by `(`), a keyword, a label, a string, a duration or a variable."""
+    names = set(NAME_MATCHER.findall(expr))
+    for pattern, replacement in PROMQL_CUTS:
+        expr = pattern.sub(replacement, expr)
+    for match in PROMQL_WORD.finditer(expr):
+        word = match.group()
+        if word.lower() in PROMQL_KEYWORDS or expr[match.end() :].lstrip().startswith("("):
+            continue
+        names.add(word)
+    return names
 
 
 def settings_field_exists(env_name: str) -> bool:
@@ -493,9 +540,65 @@ def test_the_dashboard_has_a_datasource_and_a_group_variable() -> None:
                 assert '$group"' in t["expr"], (panel["title"], t["expr"])
 
 
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('docstream_consumer_group_lag{group=~"$group"}', {"docstream_consumer_group_lag"}),
+        (
+            "increase(docstream_exporter_refresh_errors_total[5m])",
+            {"docstream_exporter_refresh_errors_total"},
+        ),
+        (
+            "time() - docstream_exporter_last_refresh_timestamp_seconds",
+            {"docstream_exporter_last_refresh_timestamp_seconds"},
+        ),
+        (
+            'max by (group) (a{status="ERR"} == 1) * 3 or on (group) sum without (topic) (b:r5m offset 5m)',
+            {"a", "b:r5m"},
+        ),
+        ('rate(kafka_consumergroup_lag{topic="x"}[$__rate_interval]) > 1e3', {"kafka_consumergroup_lag"}),
+        ('up{job="docstream"} unless ignoring(instance) group_left(a, b) c', {"up", "c"}),
+        ('{__name__="process_cpu_seconds_total", status="OK"}', {"process_cpu_seconds_total"}),
+        ("histogram_quantile(0.9, sum by (le) (rate(x_bucket[5m])))", {"x_bucket"}),
+        ("vector($objective_s) + scalar(y)", {"y"}),
+    ],
+)
+def test_promql_metric_names(expr: str, names: set[str]) -> None:
+    """The extraction the dashboard checks rely on, on its own; the regex on `docstream_` names
+    alone would miss `kafka_consumergroup_lag`, `up` and the like."""
+    assert promql_metric_names(expr) == names
+
+
+def test_every_dashboard_query_reads_only_metrics_the_exporter_exports() -> None:
+    """Each panel target and template variable of the dashboard, its metric names compared with
+    `consumers.ops.exporter.METRIC_NAMES`: a name the exporter does not write would draw nothing."""
+    queries = dashboard_queries()
+    assert len(queries) == len(dashboard_exprs()) + 1  # the targets and $group
+    for where, expr in queries:
+        names = promql_metric_names(expr)
+        assert names or expr in NO_SERIES, f"{where}: no metric in {expr!r}"
+        unknown = sorted(names - set(METRIC_NAMES))
+        assert not unknown, f"{where}: {expr!r} reads {unknown}, not exported by consumers/ops/exporter.py"
+
+
 def test_the_dashboard_shows_every_metric_family_the_exporter_exports() -> None:
-    used = {name for expr in dashboard_exprs() for name in METRIC_NAME.findall(expr)}
+    used = {name for _, expr in dashboard_queries() for name in promql_metric_names(expr)}
     assert set(METRIC_NAMES) <= used, sorted(set(METRIC_NAMES) - used)
+
+
+def test_the_autoscalers_queries_read_only_exported_metrics() -> None:
+    """The same for the PromQL outside the dashboard: the ScaledObjects' (also the example's)."""
+    queries = [
+        t["metadata"]["query"]
+        for path in sorted((K8S / "keda").glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for so in load_docs(path)
+        for t in so["spec"]["triggers"]
+        if t["type"] == "prometheus"
+    ]
+    assert len(queries) == len(GROUPS)
+    for query in queries:
+        assert promql_metric_names(query) == {SIGNAL}, query
 
 
 def test_every_metric_named_in_the_manifests_dashboard_and_docs_is_exported() -> None:
