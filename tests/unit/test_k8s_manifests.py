@@ -1,12 +1,16 @@
-"""The Kubernetes manifests (infra/k8s/): structure, consistency with the code, metric names.
+"""The Kubernetes manifests (infra/k8s/): structure, consistency with the code, metric names,
+schemas.
 
 No cluster: the YAML is parsed and checked against what the code declares (the groups, the
 settings, the exporter's metric families). `kubectl kustomize` builds the overlays when kubectl
-is on the PATH.
+is on the PATH. Every object, as written and as the overlays render it, is validated offline
+against the Kubernetes schemas that kubernetes-validate bundles and the CRD schemas vendored in
+tests/unit/k8s_schemas/ (KEDA, Prometheus Operator; their sources in its README.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,8 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
+from jsonschema import validators
 from mode import Service
 from pydantic import AliasChoices, BaseModel
 
@@ -610,3 +616,218 @@ def test_every_metric_named_in_the_manifests_dashboard_and_docs_is_exported() ->
     assert SIGNAL in named
     unknown = {name: sorted(where) for name, where in named.items() if name not in METRIC_NAMES}
     assert not unknown, unknown
+
+
+# -- schemas ---------------------------------------------------------------------------------------
+
+SCHEMAS = Path(__file__).resolve().parent / "k8s_schemas"
+# The oldest and the newest Kubernetes that kubernetes-validate (requirements.lock) bundles schemas of.
+KUBERNETES_VERSIONS = ("1.25", "1.37")
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "keda" / "scaledobject-keda-v1alpha1.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): SCHEMAS
+    / "keda"
+    / "triggerauthentication-keda-v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS
+    / "monitoring.coreos.com"
+    / "servicemonitor-monitoring-v1.json",
+}
+# YAML under infra/k8s that holds no object to validate, and why.
+NOT_VALIDATED = {
+    ADAPTER_VALUES: "Helm values for prometheus-adapter, not an object",
+    **{
+        k: "kustomize's own configuration (Kustomization, Component): kustomize checks it when it builds"
+        for k in K8S.rglob("kustomization.yaml")
+    },
+}
+
+
+def patch_files() -> set[Path]:
+    """Strategic-merge patches: partial objects, validated as the overlays render them."""
+    out = set()
+    for k in K8S.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(k.read_text(encoding="utf-8")).get("patches", []):
+            out.add(k.parent / patch["path"])
+    return out
+
+
+@functools.cache
+def crd_validator(path: Path) -> Any:
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    cls = validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def kubernetes_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """The first error of kubernetes-validate's strict schema (no other fields than declared)."""
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(p) for p in e.path) or "(top)"
+        return [f"Kubernetes {e.version} schema (strict), at {where}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError as e:
+        return [f"{e.message}: vendor its CRD's schema in tests/unit/k8s_schemas/ (README.md there)"]
+    return []
+
+
+def schema_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """Why `obj` does not validate against its schema for Kubernetes `version` (empty: it does)."""
+    if not isinstance(obj, dict) or not {"apiVersion", "kind"} <= set(obj):
+        return ["not a Kubernetes object (no apiVersion or kind)"]
+    crd = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if crd is None:
+        return kubernetes_errors(obj, version)
+    errors = [
+        f"{crd.relative_to(ROOT)}, at {'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+        for e in sorted(crd_validator(crd).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    ]
+    # A CRD's schema leaves `metadata` to the API server: ObjectMeta from the Kubernetes schemas.
+    holder = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj.get("metadata")}
+    return errors + kubernetes_errors(holder, version)
+
+
+_checked: dict[tuple[str, str], list[str]] = {}
+
+
+def manifest_errors(source: str, docs: list[dict[str, Any]], version: str) -> list[str]:
+    """One line per error: the file or overlay, the object (kind/name) and the schema's error."""
+    out: list[str] = []
+    for obj in docs:
+        key = (json.dumps(obj, sort_keys=True, default=str), version)
+        if key not in _checked:  # the overlays render the same objects several times
+            _checked[key] = schema_errors(obj, version)
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = f"{obj.get('kind')}/{meta.get('name') if isinstance(meta, dict) else None}"
+        out.extend(f"{source}: {name}: {error}" for error in _checked[key])
+    return out
+
+
+def manifest_files() -> list[Path]:
+    skipped = set(NOT_VALIDATED) | patch_files()
+    return [p for p in yaml_files() if p not in skipped]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_against_its_schema(version: str) -> None:
+    files = manifest_files()
+    docs = {path: load_docs(path) for path in files}
+    kinds = {d["kind"] for ds in docs.values() for d in ds}
+    assert {"Deployment", "Job", "HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor"} <= kinds
+    assert sum(len(ds) for ds in docs.values()) >= 25
+    errors = [
+        e for path, ds in docs.items() for e in manifest_errors(str(path.relative_to(ROOT)), ds, version)
+    ]
+    assert not errors, "\n".join(errors)
+
+
+def test_every_yaml_file_is_validated_or_has_a_reason_not_to_be() -> None:
+    unaccounted = set(yaml_files()) - set(manifest_files()) - set(NOT_VALIDATED) - patch_files()
+    assert not unaccounted
+    assert patch_files() == {K8S / "gpu" / "ocr-gpu.yaml", THREE_BROKERS / "configmap-kafka.yaml"}
+
+
+def rendered() -> dict[str, Path]:
+    """What the rendered-output check builds: every kustomization that is not a Component."""
+    return {
+        d: K8S / d
+        for d in KUSTOMIZATIONS
+        if yaml.safe_load((K8S / d / "kustomization.yaml").read_text(encoding="utf-8"))["kind"]
+        == "Kustomization"
+    }
+
+
+@needs_kubectl
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_rendered_overlay_validates_against_the_schemas(version: str, tmp_path: Path) -> None:
+    # the GPU Component renders only inside an overlay: keda/ with it, as docs/kubernetes.md adds it
+    gpu = tmp_path / "keda-gpu"
+    gpu.mkdir()
+    up = Path(os.path.relpath(K8S, gpu))
+    (gpu / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {up / 'keda'}\ncomponents:\n  - {up / 'gpu'}\n",
+        encoding="utf-8",
+    )
+    builds = {
+        **{f"kubectl kustomize infra/k8s/{d}": path for d, path in rendered().items()},
+        "keda + gpu": gpu,
+    }
+    errors = []
+    for source, directory in builds.items():
+        docs = kustomize(directory)
+        assert docs, source
+        errors += manifest_errors(source, docs, version)
+    assert not errors, "\n".join(errors)
+
+
+BROKEN = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: docstream-broken, namespace: docstream}
+spec:
+  replica: 2
+  selector: {matchLabels: {app: x}}
+  template:
+    metadata: {labels: {app: x}}
+    spec:
+      containers: [{name: c, image: x}]
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: docstream-broken, namespace: docstream, labelz: {}}
+spec:
+  scaleTargetRef: {name: docstream-broken}
+  minReplicaCount: one
+  triggers: [{metadata: {query: up}, metricType: AverageValue}]
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: docstream-broken, namespace: docstream}
+spec:
+  selector: {matchLabels: {app: x}}
+  endpoint: [{port: metrics}]
+---
+apiVersion: example.com/v1
+kind: Unknown
+metadata: {name: docstream-broken}
+"""
+
+
+def test_the_schema_check_fails_on_broken_manifests(tmp_path: Path) -> None:
+    """The same check on a file with mistakes in each object: each error names the file, the
+    object and what the schema says."""
+    path = tmp_path / "broken.yaml"
+    path.write_text(BROKEN, encoding="utf-8")
+    errors = manifest_errors(str(path), load_docs(path), KUBERNETES_VERSIONS[-1])
+    text = "\n".join(errors)
+    assert all(e.startswith(f"{path}: ") for e in errors), text
+    deployment_errors = [e for e in errors if ": Deployment/docstream-broken: " in e]
+    assert len(deployment_errors) == 1, text  # kubernetes-validate reports the first one
+    assert "Kubernetes 1.37 schema (strict)" in deployment_errors[0]
+    assert "at spec: Additional properties are not allowed ('replica' was unexpected)" in deployment_errors[0]
+    so = [e for e in errors if ": ScaledObject/docstream-broken: " in e]
+    assert any("at spec.minReplicaCount: 'one' is not of type 'integer'" in e for e in so), text
+    assert any("at spec.triggers.0: 'type' is a required property" in e for e in so), text
+    assert any("scaledobject-keda-v1alpha1.json" in e for e in so), text
+    assert any("at metadata: " in e and "'labelz' was unexpected" in e for e in so), text
+    monitor = "\n".join(e for e in errors if ": ServiceMonitor/docstream-broken: " in e)
+    assert (
+        "servicemonitor-monitoring-v1.json, at spec: " in monitor and "'endpoint' was unexpected" in monitor
+    )
+    (unknown,) = [e for e in errors if ": Unknown/docstream-broken: " in e]
+    assert "Couldn't find schema for kind Unknown" in unknown and "tests/unit/k8s_schemas/" in unknown
+
+
+@pytest.mark.parametrize("key", sorted(CRD_SCHEMAS), ids=lambda key: "-".join(key))
+def test_the_vendored_crd_schemas_are_valid_and_name_their_source(key: tuple[str, str]) -> None:
+    path = CRD_SCHEMAS[key]
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    validators.validator_for(schema).check_schema(schema)
+    assert schema["properties"]["apiVersion"]["enum"] == [key[0]]
+    assert schema["properties"]["kind"]["enum"] == [key[1]]
+    assert re.search(r"from github\.com/\S+ v\S+ \([0-9a-f]{40}\) \S+\.yaml;", schema["$comment"]), schema[
+        "$comment"
+    ]
+    readme = (SCHEMAS / "README.md").read_text(encoding="utf-8")
+    assert str(path.relative_to(SCHEMAS)) in readme
