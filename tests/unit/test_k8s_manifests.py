@@ -1,13 +1,18 @@
-"""The Kubernetes manifests (infra/k8s/): structure, consistency with the code, metric names.
+"""The Kubernetes manifests (infra/k8s/): structure, consistency with the code, metric names,
+schemas.
 
 No cluster: the YAML is parsed and checked against what the code declares (the groups, the
 settings, the exporter's metric families). `kubectl kustomize` builds the overlays when kubectl
-is on the PATH.
+is on the PATH. Every object, as written and as the overlays render it, is validated offline
+against the Kubernetes schemas that kubernetes-validate bundles and the CRD schemas vendored in
+tests/unit/k8s_schemas/ (KEDA, Prometheus Operator; their sources in its README.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,8 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
+from jsonschema import validators
 from mode import Service
 from pydantic import AliasChoices, BaseModel
 
@@ -24,6 +31,7 @@ from consumers.groups import WORKER_GROUPS
 from consumers.ops.exporter import METRIC_NAMES
 from docstream.settings import RuntimeSettings, ScalingSettings, Settings
 from docstream.topology import GROUPS, group_id
+from infra.topics import Replication
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
@@ -34,8 +42,11 @@ SIGNAL = "docstream_consumer_group_hpa_signal"
 KAFKA_TRIGGER_EXAMPLE = K8S / "keda" / "kafka-trigger.example.yaml"  # documents the alternative
 ADAPTER_VALUES = K8S / "hpa" / "prometheus-adapter-values.yaml"  # Helm values, not an object
 NOT_APPLIED = {KAFKA_TRIGGER_EXAMPLE, ADAPTER_VALUES}
-KUSTOMIZATIONS = ("base", "monitoring", "keda", "hpa", "gpu")
-OVERLAYS = ("keda", "hpa")
+KUSTOMIZATIONS = ("base", "monitoring", "keda", "hpa", "gpu", "three-brokers")
+OVERLAYS = ("keda", "hpa", "three-brokers")
+THREE_BROKERS = K8S / "three-brokers"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 GROUP_NAMES = [g.name for g in GROUPS]
 COMMANDS = {
@@ -65,6 +76,21 @@ BEHAVIOR = {
     },
 }
 METRIC_NAME = re.compile(r"\bdocstream_[a-z0-9_]*[a-z0-9]\b")
+# PromQL, as far as the metric names go: the words that are not metric names, and what to cut out
+# before looking for names (strings, label matchers, ranges, label lists of by/without/on/...).
+PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
+PROMQL_KEYWORDS |= {"group_left", "group_right", "inf", "nan", "start", "end"}
+PROMQL_CUTS = (
+    (re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`"""), '""'),
+    (re.compile(r"\$(?:\{[^}]*\}|\w+)"), "0"),  # Grafana's variables: $group, ${group:regex}
+    (re.compile(r"\{[^}]*\}"), " "),
+    (re.compile(r"\[[^\]]*\]"), " "),
+    (re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"), " "),
+)
+PROMQL_WORD = re.compile(r"(?<![\w.:])[A-Za-z_:][\w:]*")
+NAME_MATCHER = re.compile(r'\b__name__\s*=\s*"([^"]+)"')
+# Targets that read no series, by design.
+NO_SERIES = {"vector($objective_s)"}
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -122,6 +148,16 @@ def policy_bounds() -> tuple[int, int]:
     return int(env["DOCSTREAM_SCALING__MIN_REPLICAS"]), int(env["DOCSTREAM_SCALING__MAX_REPLICAS"])
 
 
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize directory` renders."""
+    assert KUBECTL is not None
+    built = subprocess.run(
+        [KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
 def dashboard() -> dict[str, Any]:
     result: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     return result
@@ -135,6 +171,38 @@ def panels(d: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def dashboard_exprs() -> list[str]:
     return [t["expr"] for p in panels(dashboard()) for t in p.get("targets", [])]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """Every PromQL query of the dashboard, with where it is: each panel's targets, and the series
+    selectors of the template variables (`label_values(metric, label)`, `query_result(expr)`)."""
+    d = dashboard()
+    out = [(f"panel {p['title']!r}", t["expr"]) for p in panels(d) for t in p.get("targets", [])]
+    for variable in d["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = variable["query"]
+        text = query["query"] if isinstance(query, dict) else query
+        inner = re.fullmatch(r"\s*(label_values|query_result)\((.*)\)\s*", text, re.DOTALL)
+        assert inner, f"variable {variable['name']}: {text!r} is not label_values(...) or query_result(...)"
+        function, args = inner.groups()
+        selector = args if function == "query_result" else args.rpartition(",")[0] if "," in args else ""
+        out.append((f"variable ${variable['name']}", selector))
+    return out
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: every word that is not a function or an
+    aggregation (followed by `(`), a keyword, a label, a string, a duration or a variable."""
+    names = set(NAME_MATCHER.findall(expr))
+    for pattern, replacement in PROMQL_CUTS:
+        expr = pattern.sub(replacement, expr)
+    for match in PROMQL_WORD.finditer(expr):
+        word = match.group()
+        if word.lower() in PROMQL_KEYWORDS or expr[match.end() :].lstrip().startswith("("):
+            continue
+        names.add(word)
+    return names
 
 
 def settings_field_exists(env_name: str) -> bool:
@@ -181,7 +249,8 @@ def test_every_yaml_file_parses_and_every_object_is_named_and_namespaced() -> No
 def test_every_docstream_setting_in_the_manifests_exists() -> None:
     """A misspelt DOCSTREAM_* variable would be ignored silently (extra="ignore")."""
     names = set(configmap())
-    for obj in objects("base", "gpu"):
+    for obj in objects("base", "gpu", "three-brokers"):
+        names |= set(obj.get("data", {})) if obj["kind"] == "ConfigMap" else set()
         spec = obj.get("spec", {}).get("template", {}).get("spec", {})
         for c in spec.get("containers", []):
             names |= {e["name"] for e in c.get("env", [])}
@@ -399,18 +468,62 @@ def test_kustomizations_list_files_that_exist_and_every_manifest_is_listed(direc
     assert manifests - {p.resolve() for p in NOT_APPLIED} <= referenced
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_overlays_build(overlay: str) -> None:
-    built = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert built.returncode == 0, built.stderr
-    kinds = [d["kind"] for d in yaml.safe_load_all(built.stdout) if d]
-    scaler = "ScaledObject" if overlay == "keda" else "HorizontalPodAutoscaler"
+    kinds = [d["kind"] for d in kustomize(K8S / overlay)]
+    scaler = "HorizontalPodAutoscaler" if overlay == "hpa" else "ScaledObject"
     assert kinds.count(scaler) == len(GROUPS)
     assert kinds.count("Deployment") == len(GROUPS) + 1  # + the exporter
     assert "ServiceMonitor" in kinds
+
+
+def three_broker_settings(data: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a pod of the three-broker overlay reads from its ConfigMap (envFrom)."""
+    for name in list(os.environ):
+        if name.startswith(("DOCSTREAM_", "KAFKA_")):
+            monkeypatch.delenv(name)
+    for name, value in data.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def assert_three_brokers_three_replicas(settings: Settings) -> None:
+    assert not settings.uses_local_broker
+    servers = settings.bootstrap.split(",")
+    assert len(servers) == len(set(servers)) == 3, servers
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        assert host and host == host.strip() and port.isdigit(), server
+    assert settings.replication_factor == 3
+    assert Replication.for_brokers(len(servers), settings.replication_factor) == Replication(3, 2)
+
+
+def test_the_three_broker_patch_lists_three_brokers_and_sets_three_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (patch,) = load_docs(THREE_BROKERS / "configmap-kafka.yaml")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "docstream-config")
+    assert set(patch["data"]) == {"KAFKA_BOOTSTRAP_SERVERS", "DOCSTREAM_REPLICATION_FACTOR"}
+    assert_three_brokers_three_replicas(three_broker_settings({**configmap(), **patch["data"]}, monkeypatch))
+
+
+@needs_kubectl
+def test_the_three_broker_overlay_renders_the_list_and_the_replication(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = kustomize(THREE_BROKERS)
+    (config,) = [
+        o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "docstream-config"
+    ]
+    assert_three_brokers_three_replicas(three_broker_settings(config["data"], monkeypatch))
+    assert config["data"]["DOCSTREAM_TOPIC_PARTITIONS"] == configmap()["DOCSTREAM_TOPIC_PARTITIONS"]
+    # every process reads it: the setup Job (topics ensure), the exporter and each group
+    pods = [o for o in rendered if o["kind"] in {"Deployment", "Job"}]
+    assert len(pods) == len(GROUPS) + 2
+    for pod in pods:
+        for c in pod["spec"]["template"]["spec"]["containers"]:
+            assert {"configMapRef": {"name": "docstream-config"}} in c["envFrom"], pod["metadata"]["name"]
 
 
 # -- the dashboard and the metric names ------------------------------------------------------------
@@ -433,9 +546,65 @@ def test_the_dashboard_has_a_datasource_and_a_group_variable() -> None:
                 assert '$group"' in t["expr"], (panel["title"], t["expr"])
 
 
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('docstream_consumer_group_lag{group=~"$group"}', {"docstream_consumer_group_lag"}),
+        (
+            "increase(docstream_exporter_refresh_errors_total[5m])",
+            {"docstream_exporter_refresh_errors_total"},
+        ),
+        (
+            "time() - docstream_exporter_last_refresh_timestamp_seconds",
+            {"docstream_exporter_last_refresh_timestamp_seconds"},
+        ),
+        (
+            'max by (group) (a{status="ERR"} == 1) * 3 or on (group) sum without (topic) (b:r5m offset 5m)',
+            {"a", "b:r5m"},
+        ),
+        ('rate(kafka_consumergroup_lag{topic="x"}[$__rate_interval]) > 1e3', {"kafka_consumergroup_lag"}),
+        ('up{job="docstream"} unless ignoring(instance) group_left(a, b) c', {"up", "c"}),
+        ('{__name__="process_cpu_seconds_total", status="OK"}', {"process_cpu_seconds_total"}),
+        ("histogram_quantile(0.9, sum by (le) (rate(x_bucket[5m])))", {"x_bucket"}),
+        ("vector($objective_s) + scalar(y)", {"y"}),
+    ],
+)
+def test_promql_metric_names(expr: str, names: set[str]) -> None:
+    """The extraction the dashboard checks rely on, on its own; the regex on `docstream_` names
+    alone would miss `kafka_consumergroup_lag`, `up` and the like."""
+    assert promql_metric_names(expr) == names
+
+
+def test_every_dashboard_query_reads_only_metrics_the_exporter_exports() -> None:
+    """Each panel target and template variable of the dashboard, its metric names compared with
+    `consumers.ops.exporter.METRIC_NAMES`: a name the exporter does not write would draw nothing."""
+    queries = dashboard_queries()
+    assert len(queries) == len(dashboard_exprs()) + 1  # the targets and $group
+    for where, expr in queries:
+        names = promql_metric_names(expr)
+        assert names or expr in NO_SERIES, f"{where}: no metric in {expr!r}"
+        unknown = sorted(names - set(METRIC_NAMES))
+        assert not unknown, f"{where}: {expr!r} reads {unknown}, not exported by consumers/ops/exporter.py"
+
+
 def test_the_dashboard_shows_every_metric_family_the_exporter_exports() -> None:
-    used = {name for expr in dashboard_exprs() for name in METRIC_NAME.findall(expr)}
+    used = {name for _, expr in dashboard_queries() for name in promql_metric_names(expr)}
     assert set(METRIC_NAMES) <= used, sorted(set(METRIC_NAMES) - used)
+
+
+def test_the_autoscalers_queries_read_only_exported_metrics() -> None:
+    """The same for the PromQL outside the dashboard: the ScaledObjects' (also the example's)."""
+    queries = [
+        t["metadata"]["query"]
+        for path in sorted((K8S / "keda").glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for so in load_docs(path)
+        for t in so["spec"]["triggers"]
+        if t["type"] == "prometheus"
+    ]
+    assert len(queries) == len(GROUPS)
+    for query in queries:
+        assert promql_metric_names(query) == {SIGNAL}, query
 
 
 def test_every_metric_named_in_the_manifests_dashboard_and_docs_is_exported() -> None:
@@ -447,3 +616,218 @@ def test_every_metric_named_in_the_manifests_dashboard_and_docs_is_exported() ->
     assert SIGNAL in named
     unknown = {name: sorted(where) for name, where in named.items() if name not in METRIC_NAMES}
     assert not unknown, unknown
+
+
+# -- schemas ---------------------------------------------------------------------------------------
+
+SCHEMAS = Path(__file__).resolve().parent / "k8s_schemas"
+# The oldest and the newest Kubernetes that kubernetes-validate (requirements.lock) bundles schemas of.
+KUBERNETES_VERSIONS = ("1.25", "1.37")
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "keda" / "scaledobject-keda-v1alpha1.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): SCHEMAS
+    / "keda"
+    / "triggerauthentication-keda-v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS
+    / "monitoring.coreos.com"
+    / "servicemonitor-monitoring-v1.json",
+}
+# YAML under infra/k8s that holds no object to validate, and why.
+NOT_VALIDATED = {
+    ADAPTER_VALUES: "Helm values for prometheus-adapter, not an object",
+    **{
+        k: "kustomize's own configuration (Kustomization, Component): kustomize checks it when it builds"
+        for k in K8S.rglob("kustomization.yaml")
+    },
+}
+
+
+def patch_files() -> set[Path]:
+    """Strategic-merge patches: partial objects, validated as the overlays render them."""
+    out = set()
+    for k in K8S.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(k.read_text(encoding="utf-8")).get("patches", []):
+            out.add(k.parent / patch["path"])
+    return out
+
+
+@functools.cache
+def crd_validator(path: Path) -> Any:
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    cls = validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def kubernetes_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """The first error of kubernetes-validate's strict schema (no other fields than declared)."""
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(p) for p in e.path) or "(top)"
+        return [f"Kubernetes {e.version} schema (strict), at {where}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError as e:
+        return [f"{e.message}: vendor its CRD's schema in tests/unit/k8s_schemas/ (README.md there)"]
+    return []
+
+
+def schema_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """Why `obj` does not validate against its schema for Kubernetes `version` (empty: it does)."""
+    if not isinstance(obj, dict) or not {"apiVersion", "kind"} <= set(obj):
+        return ["not a Kubernetes object (no apiVersion or kind)"]
+    crd = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if crd is None:
+        return kubernetes_errors(obj, version)
+    errors = [
+        f"{crd.relative_to(ROOT)}, at {'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+        for e in sorted(crd_validator(crd).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    ]
+    # A CRD's schema leaves `metadata` to the API server: ObjectMeta from the Kubernetes schemas.
+    holder = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj.get("metadata")}
+    return errors + kubernetes_errors(holder, version)
+
+
+_checked: dict[tuple[str, str], list[str]] = {}
+
+
+def manifest_errors(source: str, docs: list[dict[str, Any]], version: str) -> list[str]:
+    """One line per error: the file or overlay, the object (kind/name) and the schema's error."""
+    out: list[str] = []
+    for obj in docs:
+        key = (json.dumps(obj, sort_keys=True, default=str), version)
+        if key not in _checked:  # the overlays render the same objects several times
+            _checked[key] = schema_errors(obj, version)
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = f"{obj.get('kind')}/{meta.get('name') if isinstance(meta, dict) else None}"
+        out.extend(f"{source}: {name}: {error}" for error in _checked[key])
+    return out
+
+
+def manifest_files() -> list[Path]:
+    skipped = set(NOT_VALIDATED) | patch_files()
+    return [p for p in yaml_files() if p not in skipped]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_against_its_schema(version: str) -> None:
+    files = manifest_files()
+    docs = {path: load_docs(path) for path in files}
+    kinds = {d["kind"] for ds in docs.values() for d in ds}
+    assert {"Deployment", "Job", "HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor"} <= kinds
+    assert sum(len(ds) for ds in docs.values()) >= 25
+    errors = [
+        e for path, ds in docs.items() for e in manifest_errors(str(path.relative_to(ROOT)), ds, version)
+    ]
+    assert not errors, "\n".join(errors)
+
+
+def test_every_yaml_file_is_validated_or_has_a_reason_not_to_be() -> None:
+    unaccounted = set(yaml_files()) - set(manifest_files()) - set(NOT_VALIDATED) - patch_files()
+    assert not unaccounted
+    assert patch_files() == {K8S / "gpu" / "ocr-gpu.yaml", THREE_BROKERS / "configmap-kafka.yaml"}
+
+
+def rendered() -> dict[str, Path]:
+    """What the rendered-output check builds: every kustomization that is not a Component."""
+    return {
+        d: K8S / d
+        for d in KUSTOMIZATIONS
+        if yaml.safe_load((K8S / d / "kustomization.yaml").read_text(encoding="utf-8"))["kind"]
+        == "Kustomization"
+    }
+
+
+@needs_kubectl
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_rendered_overlay_validates_against_the_schemas(version: str, tmp_path: Path) -> None:
+    # the GPU Component renders only inside an overlay: keda/ with it, as docs/kubernetes.md adds it
+    gpu = tmp_path / "keda-gpu"
+    gpu.mkdir()
+    up = Path(os.path.relpath(K8S, gpu))
+    (gpu / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {up / 'keda'}\ncomponents:\n  - {up / 'gpu'}\n",
+        encoding="utf-8",
+    )
+    builds = {
+        **{f"kubectl kustomize infra/k8s/{d}": path for d, path in rendered().items()},
+        "keda + gpu": gpu,
+    }
+    errors = []
+    for source, directory in builds.items():
+        docs = kustomize(directory)
+        assert docs, source
+        errors += manifest_errors(source, docs, version)
+    assert not errors, "\n".join(errors)
+
+
+BROKEN = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: docstream-broken, namespace: docstream}
+spec:
+  replica: 2
+  selector: {matchLabels: {app: x}}
+  template:
+    metadata: {labels: {app: x}}
+    spec:
+      containers: [{name: c, image: x}]
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {name: docstream-broken, namespace: docstream, labelz: {}}
+spec:
+  scaleTargetRef: {name: docstream-broken}
+  minReplicaCount: one
+  triggers: [{metadata: {query: up}, metricType: AverageValue}]
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: docstream-broken, namespace: docstream}
+spec:
+  selector: {matchLabels: {app: x}}
+  endpoint: [{port: metrics}]
+---
+apiVersion: example.com/v1
+kind: Unknown
+metadata: {name: docstream-broken}
+"""
+
+
+def test_the_schema_check_fails_on_broken_manifests(tmp_path: Path) -> None:
+    """The same check on a file with mistakes in each object: each error names the file, the
+    object and what the schema says."""
+    path = tmp_path / "broken.yaml"
+    path.write_text(BROKEN, encoding="utf-8")
+    errors = manifest_errors(str(path), load_docs(path), KUBERNETES_VERSIONS[-1])
+    text = "\n".join(errors)
+    assert all(e.startswith(f"{path}: ") for e in errors), text
+    deployment_errors = [e for e in errors if ": Deployment/docstream-broken: " in e]
+    assert len(deployment_errors) == 1, text  # kubernetes-validate reports the first one
+    assert "Kubernetes 1.37 schema (strict)" in deployment_errors[0]
+    assert "at spec: Additional properties are not allowed ('replica' was unexpected)" in deployment_errors[0]
+    so = [e for e in errors if ": ScaledObject/docstream-broken: " in e]
+    assert any("at spec.minReplicaCount: 'one' is not of type 'integer'" in e for e in so), text
+    assert any("at spec.triggers.0: 'type' is a required property" in e for e in so), text
+    assert any("scaledobject-keda-v1alpha1.json" in e for e in so), text
+    assert any("at metadata: " in e and "'labelz' was unexpected" in e for e in so), text
+    monitor = "\n".join(e for e in errors if ": ServiceMonitor/docstream-broken: " in e)
+    assert (
+        "servicemonitor-monitoring-v1.json, at spec: " in monitor and "'endpoint' was unexpected" in monitor
+    )
+    (unknown,) = [e for e in errors if ": Unknown/docstream-broken: " in e]
+    assert "Couldn't find schema for kind Unknown" in unknown and "tests/unit/k8s_schemas/" in unknown
+
+
+@pytest.mark.parametrize("key", sorted(CRD_SCHEMAS), ids=lambda key: "-".join(key))
+def test_the_vendored_crd_schemas_are_valid_and_name_their_source(key: tuple[str, str]) -> None:
+    path = CRD_SCHEMAS[key]
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    validators.validator_for(schema).check_schema(schema)
+    assert schema["properties"]["apiVersion"]["enum"] == [key[0]]
+    assert schema["properties"]["kind"]["enum"] == [key[1]]
+    assert re.search(r"from github\.com/\S+ v\S+ \([0-9a-f]{40}\) \S+\.yaml;", schema["$comment"]), schema[
+        "$comment"
+    ]
+    readme = (SCHEMAS / "README.md").read_text(encoding="utf-8")
+    assert str(path.relative_to(SCHEMAS)) in readme
