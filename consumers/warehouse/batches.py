@@ -4,16 +4,30 @@
 by splitting the insert in halves; `Batcher` collects the rows of messages as they come, closes a
 batch on size or on time, and calls each message's `done` with its outcome. The handler that
 feeds it is consumers.warehouse.sink.
+
+When the warehouse is unreachable (TransientError), the flusher holds the batch and writes it
+again, backing off from `OUTAGE_BACKOFF_S` up to `OUTAGE_BACKOFF_MAX_S`, for as long as the
+outage lasts: its messages stay in flight, so the worker's in-flight window fills and it stops
+fetching (backpressure), nothing of the batch spends a retry attempt or reaches a dead-letter
+topic, and the sink catches up once the warehouse answers. One WARNING when the outage begins,
+one INFO when it ends. Only when the sink is closed during an outage do the held messages fail
+(the retry path: their offsets are not stored, nothing is lost).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from consumers.warehouse.rows import CHUNKS, Row, Rows
-from docstream.errors import PermanentError
+from docstream.errors import PermanentError, TransientError
+
+log = logging.getLogger(__name__)
+
+OUTAGE_BACKOFF_S = 0.5
+OUTAGE_BACKOFF_MAX_S = 10.0
 
 Done = Callable[[BaseException | None], None]
 Insert = Callable[[str, list[Row]], None]  # (table, rows); raises to fail the batch
@@ -81,6 +95,7 @@ class Batcher:
         self._dones: list[Done] = []
         self._rows, self._since = 0, 0.0
         self._closing = False
+        self.down_since: float | None = None  # clock() when the warehouse stopped answering
         self._thread = threading.Thread(target=self._run, name="warehouse-flusher", daemon=True)
 
     def start(self) -> None:
@@ -131,8 +146,8 @@ class Batcher:
         started = self._clock()
         outcomes: Sequence[BaseException | None]
         try:
-            outcomes = write_batch(self._insert, messages)
-        except Exception as exc:  # the warehouse is unreachable: every message takes the retry path
+            outcomes = self._write_through_outage(messages)
+        except Exception as exc:  # unexpected, or closed during an outage: every message takes the retry path
             outcomes = [exc] * len(messages)
         for done, outcome in zip(dones, outcomes, strict=True):
             done(outcome)
@@ -144,3 +159,30 @@ class Batcher:
         )
         if self._on_flush is not None and inserted:
             self._on_flush(inserted, self._clock() - started)
+
+    def _write_through_outage(self, messages: list[Rows]) -> list[PermanentError | None]:
+        """`write_batch`, again and again while the warehouse is unreachable (module docstring)."""
+        backoff, last = OUTAGE_BACKOFF_S, False
+        while True:
+            try:
+                outcomes = write_batch(self._insert, messages)
+            except TransientError as exc:
+                if last:  # closed during the outage, and the warehouse still away
+                    raise
+                if self.down_since is None:
+                    self.down_since = self._clock()
+                    log.warning(
+                        "warehouse unreachable (%s); holding %d messages, retrying quietly until it answers",
+                        exc,
+                        len(messages),
+                    )
+                with self._cond:
+                    if not self._closing:
+                        self._cond.wait(backoff)
+                    last = self._closing  # one more try, then the held messages fail
+                backoff = min(OUTAGE_BACKOFF_MAX_S, backoff * 2)
+                continue
+            if self.down_since is not None:
+                log.info("warehouse answers again after %.0f s", self._clock() - self.down_since)
+                self.down_since = None
+            return outcomes

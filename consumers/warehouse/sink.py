@@ -19,8 +19,11 @@ embeddings and thumbnails groups. Per message, in this order:
        yet inserted. An insert the warehouse refuses (PermanentError) is split in halves until
        the refused messages are alone;
     6. then it calls `done(exc)` for each refused message (the runtime dead-letters it) and
-       `done(None)` for every other one; when the warehouse is unreachable (TransientError, or
-       anything unexpected) every message of the batch gets that error and takes the retry path.
+       `done(None)` for every other one. While the warehouse is unreachable (TransientError) the
+       flusher holds the batch and writes it again with backoff until it answers: the messages
+       stay in flight, the worker stops fetching once its window is full, and no attempt is
+       spent (consumers.warehouse.batches). Anything unexpected, or an outage still on when the
+       sink closes, fails every message of the batch: it takes the retry path.
 
 Only then may the runtime store the messages' offsets. An insert repeated after a crash or a
 retry is harmless: every table is a ReplacingMergeTree keyed by the row's identity.

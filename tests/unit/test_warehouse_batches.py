@@ -1,14 +1,19 @@
 """The sink's batch writing (`write_batch`, `Batcher`): a refused insert is split until only the
-refused messages fail, in O(k log n) inserts; an unreachable warehouse fails the whole batch."""
+refused messages fail, in O(k log n) inserts; an unreachable warehouse holds the batch until it
+answers (or fails it when the sink closes meanwhile)."""
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumers.warehouse import batches
 from consumers.warehouse.batches import Batcher, Done, write_batch
 from consumers.warehouse.rows import CHUNKS, STAGE_RESULTS, Row, Rows
 from docstream.errors import PermanentError, TransientError
@@ -141,7 +146,7 @@ def test_the_batcher_completes_every_message_but_the_refused_one() -> None:
     assert flushed == [9]  # only the rows that went in count as inserted
 
 
-def test_the_batcher_fails_every_message_when_the_warehouse_is_unreachable() -> None:
+def test_the_batcher_fails_every_message_when_closed_while_the_warehouse_is_unreachable() -> None:
     insert, dones = RefusingInsert(bad={4}, transient_after=0), Dones()
     batcher = Batcher(insert, batch_rows=1000, batch_ms=60_000)
     batcher.start()
@@ -150,3 +155,48 @@ def test_the_batcher_fails_every_message_when_the_warehouse_is_unreachable() -> 
     batcher.close()
     assert len(dones.results) == 5
     assert all(isinstance(error, TransientError) for error in dones.results.values())
+
+
+class Outage:
+    """An insert that fails as an unreachable warehouse does until `back` is set."""
+
+    def __init__(self) -> None:
+        self.back = threading.Event()
+        self.failures = 0
+        self.inserted: list[tuple[str, Row]] = []
+
+    def __call__(self, table: str, rows: list[Row]) -> None:
+        if not self.back.is_set():
+            self.failures += 1
+            raise TransientError("warehouse unreachable")
+        self.inserted += [(table, row) for row in rows]
+
+
+def test_the_batcher_holds_its_batch_through_an_outage_and_writes_it_once_the_warehouse_answers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(batches, "OUTAGE_BACKOFF_S", 0.01)
+    monkeypatch.setattr(batches, "OUTAGE_BACKOFF_MAX_S", 0.02)
+    caplog.set_level(logging.INFO, logger=batches.__name__)
+    insert, dones = Outage(), Dones()
+    batcher = Batcher(insert, batch_rows=5, batch_ms=60_000)
+    batcher.start()
+    for i, rows in enumerate(uploads(5)):  # a full batch: flushed at once, into the outage
+        batcher.add(rows, dones.for_message(i))
+    deadline = time.monotonic() + 10
+    while insert.failures < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert insert.failures >= 5, "the flusher kept trying"
+    assert dones.results == {}, "nothing of the held batch is failed, or done, while the warehouse is away"
+    assert batcher.down_since is not None
+    for i, rows in enumerate(uploads(3), start=5):  # more arrive meanwhile: the next batch
+        batcher.add(rows, dones.for_message(i))
+    insert.back.set()
+    batcher.close()
+    assert dones.results == dict.fromkeys(range(8)), "every message done, none failed"
+    assert sorted(row[0] for _, row in insert.inserted) == sorted([0, 1, 2, 3, 4, 0, 1, 2])
+    assert batcher.down_since is None
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == batches.__name__]
+    assert len(lines) == 2, lines  # one line when it went away, one when it came back: no flood
+    assert lines[0][0] == logging.WARNING and "unreachable" in lines[0][1]
+    assert lines[1][0] == logging.INFO and "answers again" in lines[1][1]
