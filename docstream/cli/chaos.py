@@ -120,7 +120,7 @@ def overload(
         accepted, refused = sum(report.accepted.values()), sum(report.refused.values())
         console.print(
             f"capacity {report.capacity_per_s}/s, offered {report.offered_per_s}/s"
-            f" for {report.duration_s:.0f} s\n"
+            f" for {report.duration_s:.0f} s (sent {report.sent_per_s}/s)\n"
             f"accepted {accepted} {report.accepted}, refused {refused} {report.refused},"
             f" failed {report.failed}\n"
             f"completed {report.completed} of {accepted}; accepted work waited {report.accepted_wait_s} s"

@@ -13,6 +13,7 @@ import pytest
 from consumers.ops.chaos.checker import Observed, isolated, judge
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
+from consumers.ops.chaos.overload import OverloadReport
 from docstream import faults
 
 STAGES = ("ocr", "embeddings", "thumbnails")
@@ -187,3 +188,34 @@ def test_switches_and_slowdowns_are_inert_unless_set(tmp_path: Path) -> None:
     assert run(**{faults.SWITCHES_ENV: str(tmp_path)}) == "True 1.0 1.0"
     with pytest.raises(ValueError, match="DOCSTREAM_FAULT_SLOW"):
         faults.parse_slow("embeddings:0.5")
+
+
+def overload_report(**changes: object) -> OverloadReport:
+    base: dict[str, object] = {
+        "capacity_per_s": 16.0,
+        "offered_per_s": 48.0,
+        "sent_per_s": 41.0,
+        "duration_s": 90.0,
+        "objective_s": 30.0,
+        "accepted": {"interactive": 2000, "bulk": 1000},
+        "refused": {"interactive": 20, "bulk": 1200},
+        "failed": 0,
+        "completed": 3000,
+        "accepted_wait_s": {"p50": 4.0, "p99": 9.0, "max": 15.0},
+        "max_time_lag_s": {"ocr": 3.0, "analytics": 20.0},
+        "retry_after_s": {"p50": 20.0, "max": 31.0},
+    }
+    return OverloadReport(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_overload_holds_only_when_it_shed_completed_everything_and_kept_the_lag_bound() -> None:
+    assert overload_report().held
+    assert not overload_report(refused={"interactive": 0, "bulk": 0}).held, (
+        "nothing shed: not a test of shedding"
+    )
+    assert not overload_report(completed=2999).held, "an accepted upload never completed"
+    assert not overload_report(max_time_lag_s={"ocr": 45.1}).held, (
+        "a group fell behind past 1.5x the objective"
+    )
+    assert overload_report(max_time_lag_s={"ocr": 45.0}).held
+    assert overload_report().as_dict()["held"] is True

@@ -62,7 +62,8 @@ class OverloadConfig:
 @dataclass
 class OverloadReport:
     capacity_per_s: float
-    offered_per_s: float
+    offered_per_s: float  # the schedule: factor x capacity
+    sent_per_s: float  # what the client managed: requests / seconds from the first to the last answer
     duration_s: float
     objective_s: float
     accepted: dict[str, int]
@@ -125,7 +126,9 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
         stop = threading.Event()
         watcher = threading.Thread(target=_watch_health, args=(url, lags, stop), daemon=True)
         watcher.start()
+        began = time.monotonic()
         answers = _offer(url, keys, offered, config.duration_s, rnd, say)
+        sent_per_s = len(answers) / max(1e-9, time.monotonic() - began)
         accepted_ids = [a["document_id"] for a in answers if a["status"] == 202]
         say(f"overload: {len(accepted_ids)} accepted; draining")
         completed, waits = _drain(settings, accepted_ids, config.drain_s)
@@ -135,6 +138,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
         report = OverloadReport(
             capacity_per_s=round(capacity, 2),
             offered_per_s=round(offered, 2),
+            sent_per_s=round(sent_per_s, 2),
             duration_s=config.duration_s,
             objective_s=config.objective_s,
             accepted={
