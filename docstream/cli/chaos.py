@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from consumers.ops.chaos.faults import FAULTS
@@ -91,7 +92,7 @@ def chaos(
                 "ok" if r.verified else "FAILED",
                 "-" if r.isolated is None else "kept" if r.isolated else "LOST",
             )
-        console.print(table)
+        Console(width=max(130, console.width)).print(table)  # stdout, wide enough for every column
         console.print(f"runs kept under {folder} (logs, home, cluster) unless clean")
     if not all(r.clean for r in rows):
         raise typer.Exit(1)
