@@ -46,3 +46,18 @@ def test_random_kills_on_three_brokers_lose_nothing_and_duplicate_nothing(
     assert set(details["result objects"].values()) == {details["distinct contents"]}, figures
     assert details["distinct contents"] < details["upload events on the topic"], "some contents are shared"
     assert row.recovery_s is not None and row.recovery_s < 120, figures
+    assert left_running(tmp_path) == [], "every process the run started has ended"
+
+
+def left_running(folder: Path) -> list[int]:
+    """The processes still running with their DOCSTREAM_HOME under `folder`."""
+    mine = f"DOCSTREAM_HOME={folder}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if mine in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found

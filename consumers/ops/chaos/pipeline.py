@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,10 @@ class Pipeline:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     ended: dict[str, list[int]] = field(default_factory=dict)  # exit codes seen, per process
+    # One change at a time (a fault's restart, the supervisor's): none starts a process the other
+    # loses track of; and nothing starts once `stop` began.
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _stopped: bool = False
 
     def start_all(self, armed: dict[str, str] | None = None) -> None:
         """Start every process; `armed`: name -> fault point ("point:n") to arm in it."""
@@ -38,7 +43,13 @@ class Pipeline:
             self.start(name, (armed or {}).get(name))
 
     def start(self, name: str, fault: str | None = None) -> None:
-        """Start `name`; `fault` ("point:n") arms a fault point in it (docstream.faults)."""
+        """Start `name`; `fault` ("point:n") arms a fault point in it (docstream.faults). Nothing
+        once the pipeline is stopping."""
+        with self._lock:
+            if not self._stopped:
+                self._start(name, fault)
+
+    def _start(self, name: str, fault: str | None) -> None:
         env = dict(self.env)
         env.pop(faults.ENV, None)
         if fault is not None:
@@ -51,13 +62,15 @@ class Pipeline:
 
     def kill(self, name: str) -> None:
         """SIGKILL, then start again at once, as a supervisor would."""
-        self._end(name, signal.SIGKILL, 10)
-        self.start(name)
+        with self._lock:
+            self._end(name, signal.SIGKILL, 10)
+            self.start(name)
 
     def restart(self, name: str, timeout: float = 60) -> None:
         """SIGTERM (a rolling restart: the worker commits and leaves its group), then start again."""
-        self._end(name, signal.SIGTERM, timeout)
-        self.start(name)
+        with self._lock:
+            self._end(name, signal.SIGTERM, timeout)
+            self.start(name)
 
     def _end(self, name: str, signum: signal.Signals, timeout: float) -> None:
         process = self.processes[name]
@@ -74,15 +87,18 @@ class Pipeline:
     def supervise(self) -> list[str]:
         """Start again what has exited (a fault point's SIGKILL); the names restarted."""
         again = []
-        for name, process in list(self.processes.items()):
-            if process.poll() is not None:
-                self.ended.setdefault(name, []).append(process.returncode)
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-                self.start(name)
-                again.append(name)
+        with self._lock:
+            for name, process in list(self.processes.items()):
+                if process.poll() is not None and not self._stopped:
+                    self.ended.setdefault(name, []).append(process.returncode)
+                    self.restarts[name] = self.restarts.get(name, 0) + 1
+                    self.start(name)
+                    again.append(name)
         return again
 
     def stop(self, timeout: float = 60) -> None:
+        with self._lock:
+            self._stopped = True
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -64,6 +64,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
     cluster = started_cluster(folder / "cluster", config.brokers)
     say(f"[{name}] seed {seed}: {config.brokers} broker(s) on {cluster.bootstrap}")
     pipeline: Pipeline | None = None
+    stop = threading.Event()  # ends the supervisor
     try:
         ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
         home = folder / "home"
@@ -104,7 +105,6 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         if api_url is not None:
             await_api(api_url, pipeline)
         stage = Stage(pipeline, cluster, rnd, lambda line: say(f"[{name}] {line}"), folder / "switches")
-        stop = threading.Event()
         supervisor = threading.Thread(target=_supervise, args=(stage, stop, bool(armed)), daemon=True)
         supervisor.start()
         striker = None
@@ -159,8 +159,9 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         )
         return row
     finally:
+        stop.set()
         if pipeline is not None:
-            pipeline.stop()
+            pipeline.stop()  # and a fault still striking starts nothing any more
         cluster.stop(timeout=15)
 
 
