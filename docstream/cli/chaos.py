@@ -9,6 +9,8 @@ runs. Exit 1 when a row is not clean; `--json` prints the rows as one document.
 
 from __future__ import annotations
 
+import signal
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +24,11 @@ from consumers.ops.chaos.overload import OverloadConfig, run_overload
 from consumers.ops.chaos.runner import RunConfig, run_matrix
 from docstream.cli._common import console, print_json, reports_errors
 from docstream.errors import ConfigurationError
+
+
+def _ends_cleanly_on_sigterm() -> None:
+    """SIGTERM as Ctrl-C: the run's cleanup (its processes, its cluster) still happens."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def register(app: typer.Typer) -> None:
@@ -45,6 +52,7 @@ def chaos(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
     """Run faults against the whole pipeline on a local cluster; report what each cost."""
+    _ends_cleanly_on_sigterm()
     if list_faults:
         for name in FAULTS:
             console.print(name)
@@ -110,6 +118,7 @@ def overload(
 ) -> None:
     """Offer the ingest API FACTOR times the pipeline's measured capacity; report what it shed,
     what it accepted, how long accepted work waited and how far the groups fell behind."""
+    _ends_cleanly_on_sigterm()
     folder = work or Path(tempfile.mkdtemp(prefix="docstream-overload-"))
     config = OverloadConfig(
         duration_s=duration, factor=factor, objective_s=objective, probe=probe, brokers=brokers
