@@ -23,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import os
 import random
 import shutil
 import threading
@@ -37,12 +36,10 @@ import requests
 
 from consumers.ops.chaos.checker import query
 from consumers.ops.chaos.load import TENANTS, text_of
-from consumers.ops.chaos.pipeline import Pipeline, environment
-from consumers.ops.chaos.runner import PARTITIONS, await_api, started_cluster
+from consumers.ops.chaos.pipeline import Pipeline
+from consumers.ops.chaos.runner import await_api, prepare_run, started_cluster
 from docstream.settings import Settings
-from docstream.topology import STAGES, declared_topics
-from infra.broker import free_port
-from infra.topics import ensure_topics
+from docstream.topology import STAGES
 from producers.api.keys import KeyStore
 from producers.publisher import Publisher
 
@@ -97,22 +94,14 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
     cluster = started_cluster(folder / "cluster", config.brokers)
     pipeline: Pipeline | None = None
     try:
-        ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
-        home, api_port = folder / "home", free_port()
-        env = environment(
-            dict(os.environ),
-            KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
-            DOCSTREAM_HOME=str(home),
-            DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
-            DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
-            DOCSTREAM_API__PORT=str(api_port),
-            DOCSTREAM_API__HOST="127.0.0.1",
+        env, settings, api_port = prepare_run(
+            cluster,
+            folder / "home",
             DOCSTREAM_API__OBJECTIVE_S=f"{config.objective_s:g}",
             DOCSTREAM_API__QUOTA_RATE_PER_S="10000",
             DOCSTREAM_API__QUOTA_BURST="10000",
             DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
         )
-        settings = Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS)
         keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS}
         pipeline = Pipeline(env, folder / "logs")
         pipeline.start_all()

@@ -66,22 +66,14 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
     pipeline: Pipeline | None = None
     stop = threading.Event()  # ends the supervisor
     try:
-        ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
-        home = folder / "home"
-        api_port = free_port()
-        env = environment(
-            dict(os.environ),
-            KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
-            DOCSTREAM_HOME=str(home),
-            DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
+        env, settings, api_port = prepare_run(
+            cluster,
+            folder / "home",
             DOCSTREAM_RUNTIME__SESSION_TIMEOUT_MS="6000",
             DOCSTREAM_RUNTIME__CONCURRENCY="4",
-            DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
             DOCSTREAM_ANALYTICS__WINDOW_SIZES_MS=json.dumps([WINDOW_S * 1000, 60_000]),
             DOCSTREAM_ANALYTICS__GRACE_MS="1000",
             DOCSTREAM_ANALYTICS__IDLE_MS="1000",
-            DOCSTREAM_API__PORT=str(api_port),
-            DOCSTREAM_API__HOST="127.0.0.1",
             # A run checks delivery, not admission: the API sheds nothing while a group it needs
             # is killed (its completion rate drops and the predicted wait passes a short objective).
             DOCSTREAM_API__OBJECTIVE_S="3600",
@@ -89,7 +81,6 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             **dict(fault.env),
         )
         (folder / "switches").mkdir(parents=True, exist_ok=True)
-        settings = Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS)
         keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS} if config.api else {}
         names = tuple(
             n
@@ -163,6 +154,29 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         if pipeline is not None:
             pipeline.stop()  # and a fault still striking starts nothing any more
         cluster.stop(timeout=15)
+
+
+def prepare_run(cluster: LocalCluster, home: Path, **settings: str) -> tuple[dict[str, str], Settings, int]:
+    """docstream's topics on the run's cluster, and what its processes run with: their environment
+    (the cluster, `home`, the API on a free loopback port, CPU OCR, plus `settings`), the same as
+    `Settings`, and the API's port."""
+    ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
+    api_port = free_port()
+    env = environment(
+        dict(os.environ),
+        KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
+        DOCSTREAM_HOME=str(home),
+        DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
+        DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
+        DOCSTREAM_API__PORT=str(api_port),
+        DOCSTREAM_API__HOST="127.0.0.1",
+        **settings,
+    )
+    return (
+        env,
+        Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS),
+        api_port,
+    )
 
 
 def started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalCluster:
