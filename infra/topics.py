@@ -399,7 +399,11 @@ def _offsets(
 
     def list_offsets() -> dict[TopicPartition, Any]:
         futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=timeout)
-        return _results(futures, timeout, "listing the offsets of")
+        # The metadata named these partitions, so "unknown" from the broker asked only means it
+        # has not applied the topic yet (seen on a three-broker cluster just after a create).
+        return _results(
+            futures, timeout, "listing the offsets of", not_yet=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART
+        )
 
     results = _retried(list_offsets, timeout)
     return {(tp.topic, tp.partition): info.offset for tp, info in results.items()}
@@ -463,7 +467,9 @@ def _topic_configs(admin: AdminClient, names: Sequence[str], timeout: float) -> 
 
     def describe() -> dict[ConfigResource, Any]:
         futures = admin.describe_configs(resources, request_timeout=timeout)
-        return _results(futures, timeout, "describing the configs of")
+        return _results(  # "unknown" as for the offsets: a broker that has not applied the topic yet
+            futures, timeout, "describing the configs of", not_yet=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART
+        )
 
     results = _retried(describe, timeout)
     return {
@@ -477,16 +483,22 @@ def _results(
     timeout: float,
     action: str,
     tolerate: int | None = None,
+    not_yet: int | None = None,
 ) -> dict[K, Any]:
-    """Every future's result; the error code `tolerate` counts as success (with no result)."""
+    """Every future's result; the error code `tolerate` counts as success (with no result), and
+    `not_yet` is a retriable error whatever librdkafka says of it."""
     results: dict[K, Any] = {}
     for key, future in futures.items():
-        with translated(f"{action} {_label(key)}"):
-            try:
+        try:
+            with translated(f"{action} {_label(key)}"):
                 results[key] = future.result(timeout=timeout)
-            except KafkaException as exc:
-                if tolerate is None or code(exc) != tolerate:
-                    raise
+        except KafkaError as exc:
+            answered = code(exc.__cause__) if isinstance(exc.__cause__, KafkaException) else None
+            if answered is not None and answered == tolerate:
+                continue
+            if answered is not None and answered == not_yet:
+                raise KafkaError(str(exc), retriable=True) from exc.__cause__
+            raise
     return results
 
 
