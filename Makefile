@@ -27,9 +27,11 @@ run: $(STAMP) $(JARS)
 	$(BIN)/docstream topics ensure
 	$(BIN)/docstream demo
 
-## test: the whole test suite (each test session starts its own broker on free loopback ports).
+## test: the whole test suite on TEST_WORKERS xdist workers, a test file at a time (each worker
+## starts its own broker on free loopback ports; the longest files go first, tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP) $(JARS)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## bench: throughput ratios against raw confluent-kafka, the bare models and the peers, side by side on
 ## one broker, each with its target (docs/benchmarks.md).

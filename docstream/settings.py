@@ -87,6 +87,12 @@ class OcrSettings(BaseModel):
         ge=0,
         description="how long a batch's first page waits for more pages before a smaller batch runs",
     )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="ONNX Runtime threads per worker process (None: every core); the CPU limit of "
+        "one replica where replicas share a machine",
+    )
 
 
 class LimitSettings(BaseModel):

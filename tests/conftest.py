@@ -32,10 +32,33 @@ from infra.topics import delete_topics, ensure_topics
 CP_KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9, KRaft; testcontainers drives cp-kafka only
 
 
+# The longest modules (a minute or more of work each), run first: `make test` runs the suite on
+# two xdist workers a file at a time (--dist loadfile), and a long module started last would
+# leave one worker idle while the other finishes it.
+LONGEST_FIRST = (
+    "test_chaos.py",
+    "test_cluster.py",
+    "test_worker_commands.py",
+    "test_api_schema.py",
+    "test_analytics_app.py",
+    "test_api_sigkill.py",
+    "test_faust_compat.py",
+    "test_publish_timeout.py",
+    "test_api_outbox.py",
+    "test_api_admission.py",
+    "test_ocr_engine.py",
+    "test_broker.py",
+    "test_autoscaler.py",
+    "test_outbox_relay.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

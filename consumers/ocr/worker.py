@@ -136,7 +136,9 @@ def build_stage(settings: Settings, blobs: BlobStore) -> OcrStage:
     from consumers.ocr.batcher import PageBatcher
     from consumers.ocr.engine import OcrEngine
 
-    engine = OcrEngine(settings.ocr.providers, det_max_side=settings.ocr.det_max_side)
+    engine = OcrEngine(
+        settings.ocr.providers, det_max_side=settings.ocr.det_max_side, threads=settings.ocr.threads
+    )
     batcher = PageBatcher(
         engine, batch_pages=settings.ocr.batch_pages, batch_wait_ms=settings.ocr.batch_wait_ms
     )

@@ -78,6 +78,16 @@ def plan_command(
         float,
         typer.Option("--interval", min=0.1, help="with --from-lag: seconds between the two lag samples"),
     ] = 5.0,
+    backlog: Annotated[
+        float | None,
+        typer.Option(
+            "--backlog", help="events waiting (after a stop): the time to drain them at the replicas"
+        ),
+    ] = None,
+    outage: Annotated[
+        float | None,
+        typer.Option("--outage", help="seconds the group was stopped: a backlog of λ x that many seconds"),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Queueing arithmetic: utilisation, waits (M/M/1, pooled, split), backlog, lag target, replicas."""
@@ -95,6 +105,13 @@ def plan_command(
         sources = lagged["sources"]
     if arrival_rate is None or service_time is None:
         raise ConfigurationError("give --arrival-rate and --service-time (or --from-lag GROUP)")
+    if backlog is not None and outage is not None:
+        raise ConfigurationError("--backlog and --outage exclude each other: an outage gives λ x its seconds")
+    if outage is not None:
+        if not (math.isfinite(outage) and outage >= 0):
+            raise ConfigurationError(f"--outage must be a number of seconds >= 0, got {outage}")
+        backlog = arrival_rate * outage
+        sources.setdefault("backlog", f"λ x the {outage:g} s outage")
     if objective is None:
         objective = s.scaling.objective_s
         sources.setdefault("objective_s", "DOCSTREAM_SCALING__OBJECTIVE_S (the scaling settings)")
@@ -107,6 +124,7 @@ def plan_command(
             partitions=partitions,
             service_p99=service_p99,
             target_utilisation=s.scaling.target_utilisation,
+            backlog=backlog,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
@@ -221,6 +239,17 @@ def render_plan(p: Plan, out: Console, sources: dict[str, Any] | None = None) ->
             f"{p.max_poll_interval_ms} (shutdown_timeout_s {p.shutdown_timeout_s:g}; p99 {p.p99_source})",
         ),
     ]
+    if p.catch_up_s is not None and i.backlog is not None:
+        spare = p.replicas * i.service_rate - i.arrival_rate
+        at = f"{p.replicas} replica{'' if p.replicas == 1 else 's'}"
+        rows.append(
+            (
+                f"catch-up of {i.backlog:,.0f} events",
+                f"{_seconds(p.catch_up_s)} at {at} (B / (cμ - λ), {spare:.4g}/s spare)"
+                if math.isfinite(p.catch_up_s)
+                else f"never at {at} (cμ ≤ λ: no spare capacity)",
+            )
+        )
     for label, value in rows:
         table.add_row(label, value)
     out.print(table)

@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from consumers.ops.chaos.catchup import CatchUpConfig, run_catch_up
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.overload import OverloadConfig, run_overload
 from consumers.ops.chaos.runner import RunConfig, run_matrix
@@ -34,6 +35,7 @@ def _ends_cleanly_on_sigterm() -> None:
 def register(app: typer.Typer) -> None:
     app.command(name="chaos")(chaos)
     app.command(name="overload")(overload)
+    app.command(name="catchup")(catchup)
 
 
 @reports_errors
@@ -132,12 +134,63 @@ def overload(
             f"capacity {report.capacity_per_s}/s, offered {report.offered_per_s}/s"
             f" for {report.duration_s:.0f} s (sent {report.sent_per_s}/s)\n"
             f"accepted {accepted} {report.accepted}, refused {refused} {report.refused},"
-            f" failed {report.failed}\n"
+            f" failed {report.failed} {report.failed_by}\n"
             f"completed {report.completed} of {accepted}; accepted work waited {report.accepted_wait_s} s"
             f" (objective {report.objective_s:g} s)\n"
             f"largest time lag per group {report.max_time_lag_s} s (bound {1.5 * report.objective_s:g} s)\n"
             f"Retry-After {report.retry_after_s} s\n"
             + ("[green]held[/green]" if report.held else "[red]did not hold[/red]")
+        )
+    if not report.held:
+        raise typer.Exit(1)
+
+
+@reports_errors
+def catchup(
+    stop: Annotated[float, typer.Option(min=1.0, help="seconds the OCR group is stopped")] = 1800.0,
+    utilisation: Annotated[
+        float, typer.Option(min=0.05, max=0.95, help="normal traffic: λ over one OCR replica's rate")
+    ] = 0.5,
+    max_replicas: Annotated[
+        int, typer.Option("--max-replicas", min=1, help="the autoscaler's most OCR processes")
+    ] = 2,
+    warmup: Annotated[float, typer.Option(min=10.0, help="seconds of traffic before the stop")] = 120.0,
+    probe: Annotated[int, typer.Option(min=2, help="documents of the service-rate probe")] = 20,
+    objective: Annotated[float, typer.Option(min=1.0, help="the scaling objective (s)")] = 30.0,
+    brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 1,
+    work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
+) -> None:
+    """Stop the OCR group under normal traffic, start it again under the autoscaler; report the
+    time to drain its backlog beside what `docstream plan` predicts for the same numbers."""
+    _ends_cleanly_on_sigterm()
+    folder = work or Path(tempfile.mkdtemp(prefix="docstream-catchup-"))
+    try:
+        config = CatchUpConfig(
+            stop_s=stop,
+            utilisation=utilisation,
+            max_replicas=max_replicas,
+            warmup_s=warmup,
+            probe=probe,
+            objective_s=objective,
+            brokers=brokers,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from exc
+    report = run_catch_up(folder, config, say=lambda line: console.print(line, markup=False, highlight=False))
+    if as_json:
+        print_json({**report.as_dict(), "work": str(folder)})
+    else:
+        console.print(
+            f"one OCR replica {report.service_rate_per_replica}/s; traffic {report.arrival_rate}/s;"
+            f" stopped {report.stop_s:.0f} s: backlog {report.backlog}\n"
+            f"autoscaler 1..{report.max_replicas} ({report.cores} cores): {report.max_replicas} replicas"
+            f" after {report.ramp_s} s; drained in {report.drain_s} s,"
+            f" predicted {report.predicted_drain_s} s ({report.plan_command})\n"
+            f"OCR completed {report.completed} of {report.published} published\n"
+            + ("[green]held[/green]" if report.held else "[red]did not hold[/red]"),
+            markup=True,
+            highlight=False,
         )
     if not report.held:
         raise typer.Exit(1)

@@ -15,8 +15,10 @@ A refusal says why (`backlog` or `quota`) and when to come back, `retry_after_s`
 
 - backlog: how long until the predicted wait is down to the class's threshold, at the partition's
   measured completion and arrival rates: `(lag - threshold x completion) / (completion - arrival)`;
-  a backlog that does not shrink (arrivals at or above completions, or no completions) gets the
-  whole predicted wait, or `MAX_RETRY_AFTER_S` when that is unbounded;
+  a backlog that does not shrink (arrivals at or above completions) gets the whole predicted wait;
+  a group that completes nothing at all (stopped, stuck) has no wait to give, and gets
+  `unknown_retry_s` (the lag model's rate window: by then a new measurement can show it
+  completing again), not an hour that would keep clients away long after it is back;
 - quota: until the tenant's bucket holds a token again.
 
 With no sample yet, or no rate measured yet on the partition, a document is admitted (`no_data`
@@ -106,6 +108,7 @@ class AdmissionControl:
     default_quota: Quota
     quotas: Mapping[str, Quota] = field(default_factory=dict)  # per tenant, over the default
     bulk_share: float = 0.5
+    unknown_retry_s: float = 60.0  # Retry-After when the wait is unbounded (the rate window)
     clock: Callable[[], float] = time.monotonic
     _waits: dict[int, PartitionWait] = field(default_factory=dict, init=False)
     _sampled: bool = field(default=False, init=False)
@@ -114,6 +117,8 @@ class AdmissionControl:
     def __post_init__(self) -> None:
         if not self.objective_s > 0 or not 0 < self.bulk_share <= 1:
             raise ValueError("admission needs an objective above 0 and a bulk share in (0, 1]")
+        if not 1 <= self.unknown_retry_s <= MAX_RETRY_AFTER_S:
+            raise ValueError(f"unknown_retry_s must be in [1, {MAX_RETRY_AFTER_S}] s")
 
     @property
     def has_data(self) -> bool:
@@ -154,7 +159,7 @@ class AdmissionControl:
         if predicted is not None and wait is not None:
             threshold = self.objective_s * (self.bulk_share if priority is Priority.BULK else 1.0)
             if wait > threshold:
-                retry = _retry_after(predicted, threshold)
+                retry = _retry_after(predicted, threshold, self.unknown_retry_s)
                 return Admission(False, "backlog", backlog, wait, retry, no_data=False)
         quota_wait = self._take(tenant)
         if quota_wait > 0:
@@ -192,13 +197,13 @@ def _slower(wait: float | None, than: float | None) -> bool:
     return wait is not None and (than is None or wait > than)
 
 
-def _retry_after(predicted: PartitionWait, threshold_s: float) -> int:
+def _retry_after(predicted: PartitionWait, threshold_s: float, unknown_s: float) -> int:
     """Seconds until the predicted wait is down to `threshold_s` at the measured rates (whole
-    seconds, at least 1, at most MAX_RETRY_AFTER_S)."""
+    seconds, at least 1, at most MAX_RETRY_AFTER_S); `unknown_s` when the wait is unbounded."""
     wait, completion = predicted.predicted_wait_s, predicted.completion_rate or 0.0
     drain = completion - (predicted.arrival_rate or 0.0)
     if wait is None or math.isinf(wait):
-        seconds = float(MAX_RETRY_AFTER_S)
+        seconds = unknown_s
     elif drain <= 0:
         seconds = wait  # the backlog does not shrink: come back after it, at the earliest
     else:

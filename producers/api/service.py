@@ -110,6 +110,7 @@ class ApiService:
             groups=tuple(groups.values()),
             default_quota=Quota(api.quota_rate_per_s, api.quota_burst),
             bulk_share=api.bulk_share,
+            unknown_retry_s=max(1.0, api.rate_window_s),
         )
         sampler = SamplerProcess(
             SamplerSpec(

@@ -90,14 +90,21 @@ def test_bulk_is_refused_before_interactive() -> None:
     assert not bulk.admitted and bulk.reason == "backlog" and bulk.retry_after_s == 15
 
 
-def test_a_backlog_that_does_not_shrink_is_refused_for_its_whole_wait_or_the_maximum() -> None:
+def test_a_backlog_that_does_not_shrink_is_refused_for_its_whole_wait_or_the_rate_window() -> None:
     control = _control()
     control.observe(_snapshot(_group("ocr", (0, 1000, 10.0, 12.0), (1, 5, 0.0, 1.0))), TOPIC)
     growing = control.decide("acme", 0)
     assert not growing.admitted and growing.retry_after_s == 100, "arrivals outpace completions"
     stalled = control.decide("acme", 1)
     assert not stalled.admitted and stalled.predicted_wait_s == math.inf
-    assert stalled.retry_after_s == MAX_RETRY_AFTER_S and stalled.body()["predicted_wait_s"] is None
+    assert stalled.retry_after_s == 60 and stalled.body()["predicted_wait_s"] is None, (
+        "no completions: come back when a new measurement can show some, not in an hour"
+    )
+    patient = _control(unknown_retry_s=900)
+    patient.observe(_snapshot(_group("ocr", (1, 5, 0.0, 1.0))), TOPIC)
+    assert patient.decide("acme", 1).retry_after_s == 900
+    with pytest.raises(ValueError):
+        _control(unknown_retry_s=MAX_RETRY_AFTER_S + 1)
 
 
 def test_a_partition_whose_rate_is_not_measured_yet_admits_without_a_prediction() -> None:

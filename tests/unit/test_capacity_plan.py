@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from consumers.ops.capacity.queueing import (
     MAX_UNIT_S,
     PlanInputs,
+    catch_up_s,
     erlang_b,
     erlang_c,
     max_poll_interval_ms,
@@ -193,6 +194,16 @@ def test_bad_inputs_are_value_errors() -> None:
             PlanInputs(**args)
 
 
+def test_catch_up_by_hand() -> None:
+    # 0.15/s arriving for 30 minutes: 270 waiting; two replicas of 0.3/s have 0.45/s to spare.
+    assert catch_up_s(270, 0.15, 0.3, 2) == pytest.approx(600.0)
+    assert catch_up_s(270, 0.15, 0.3, 1) == pytest.approx(1800.0)
+    assert catch_up_s(0, 1.0, 0.5, 1) == 0.0  # nothing waiting: nothing to drain, even overloaded
+    assert math.isinf(catch_up_s(10, 0.6, 0.3, 2))  # cμ = λ: the backlog stays
+    with pytest.raises(ValueError):
+        catch_up_s(-1, 0.1, 0.3, 1)
+
+
 # -- the command -------------------------------------------------------------------------------
 
 
@@ -218,6 +229,22 @@ def test_plan_text_is_sane() -> None:
     text = result.stdout
     for expected in ("0.5964", "29.82 ms", "160 ms", "2.386 events", "5 events", "unstable"):
         assert expected in text, text
+
+
+def test_plan_catch_up_after_an_outage() -> None:
+    base = ["plan", "--arrival-rate", "0.15", "--service-time", "3.3", "--objective", "30"]
+    out = json.loads(runner.invoke(app, [*base, "--replicas", "2", "--outage", "1800", "--json"]).stdout)
+    assert out["inputs"]["backlog"] == pytest.approx(270)
+    assert out["catch_up"]["replicas"] == 2
+    assert out["catch_up"]["seconds"] == pytest.approx(270 / (2 / 3.3 - 0.15))
+    text = runner.invoke(app, [*base, "--replicas", "2", "--backlog", "270"]).stdout
+    assert "catch-up of 270 events" in text and "592 s at 2 replicas" in text, text
+    never = json.loads(runner.invoke(app, [*base, "--replicas", "1", "--backlog", "9", "--json"]).stdout)
+    assert never["catch_up"]["seconds"] == pytest.approx(9 / (1 / 3.3 - 0.15))
+    stuck = ["plan", "--arrival-rate", "1", "--service-time", "2", "--replicas", "1", "--backlog", "9"]
+    assert json.loads(runner.invoke(app, [*stuck, "--json"]).stdout)["catch_up"]["seconds"] is None
+    assert "never at 1 replica (" in runner.invoke(app, stuck).stdout
+    assert json.loads(runner.invoke(app, [*base, "--json"]).stdout)["catch_up"] is None
 
 
 def test_plan_of_an_overload_exits_0_with_a_warning() -> None:
@@ -252,6 +279,9 @@ def test_plan_of_an_overload_exits_0_with_a_warning() -> None:
         ["--service-time", "0.04", "--objective", "1"],
         ["--arrival-rate", "x", "--service-time", "0.04"],
         ["--arrival-rate", "1", "--service-time", "0.04", "--from-lag", "ocr"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--backlog", "-5"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--outage", "-1"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--backlog", "5", "--outage", "5"],
     ],
 )
 def test_bad_plan_use_exits_2(args: list[str]) -> None:

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from consumers.ops.chaos.checker import Observed, isolated, judge
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
-from consumers.ops.chaos.overload import OverloadReport
+from consumers.ops.chaos.overload import OverloadReport, failures
 from docstream import faults
 
 STAGES = ("ocr", "embeddings", "thumbnails")
@@ -200,6 +201,7 @@ def overload_report(**changes: object) -> OverloadReport:
         "accepted": {"interactive": 2000, "bulk": 1000},
         "refused": {"interactive": 20, "bulk": 1200},
         "failed": 0,
+        "failed_by": {},
         "completed": 3000,
         "accepted_wait_s": {"p50": 4.0, "p99": 9.0, "max": 15.0},
         "max_time_lag_s": {"ocr": 3.0, "analytics": 20.0},
@@ -219,3 +221,19 @@ def test_overload_holds_only_when_it_shed_completed_everything_and_kept_the_lag_
     )
     assert overload_report(max_time_lag_s={"ocr": 45.0}).held
     assert overload_report().as_dict()["held"] is True
+
+
+def test_overload_failures_are_counted_by_what_they_were() -> None:
+    answers: list[dict[str, Any]] = [
+        {"status": 202},
+        {"status": 429},
+        {"status": 0, "error": "ReadTimeout"},
+        {"status": 0, "error": "ReadTimeout"},
+        {"status": 503, "error": "the broker did not acknowledge"},
+        {"status": 500, "error": ""},
+    ]
+    assert failures(answers) == {
+        "ReadTimeout": 2,
+        "HTTP 503 the broker did not acknowledge": 1,
+        "HTTP 500": 1,
+    }

@@ -103,6 +103,20 @@ def split_wait(arrival_rate: float, service_rate: float, replicas: int) -> float
     return mm1_wait(arrival_rate / replicas, service_rate)
 
 
+def catch_up_s(backlog: float, arrival_rate: float, service_rate: float, replicas: int) -> float:
+    """Seconds for `replicas` to work off `backlog` waiting events while λ keeps arriving:
+    B / (cμ - λ), the queue emptying at the capacity left over by the arrivals (a fluid
+    estimate: against a backlog of hundreds the queue's own randomness is small). math.inf when
+    cμ ≤ λ (the backlog never drains)."""
+    _check_rates(arrival_rate, service_rate)
+    if not (math.isfinite(backlog) and backlog >= 0) or replicas < 1:
+        raise ValueError(f"need a finite backlog >= 0 and replicas >= 1, got {backlog}, {replicas}")
+    spare = replicas * service_rate - arrival_rate
+    if backlog == 0:
+        return 0.0
+    return backlog / spare if spare > 0 else math.inf
+
+
 def replicas_needed(
     arrival_rate: float,
     service_rate: float,
@@ -207,6 +221,7 @@ class PlanInputs:
     partitions: int | None = None  # the partitions of the consumed topics: the replica cap
     service_p99: float | None = None  # p99 service time (max.poll.interval.ms, the spread warning)
     target_utilisation: float = DEFAULT_TARGET_UTILISATION
+    backlog: float | None = None  # events waiting (a stop's backlog): the catch-up time at `replicas`
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_rate) and self.arrival_rate >= 0):
@@ -231,6 +246,8 @@ class PlanInputs:
                 )
         if not 0 < self.target_utilisation <= 1:
             raise ValueError(f"the target utilisation must be in (0, 1], got {self.target_utilisation}")
+        if self.backlog is not None and not (math.isfinite(self.backlog) and self.backlog >= 0):
+            raise ValueError(f"--backlog must be a finite number of events >= 0, got {self.backlog}")
 
     @property
     def service_rate(self) -> float:
@@ -246,6 +263,7 @@ class PlanInputs:
             "replicas": self.replicas,
             "partitions": self.partitions,
             "target_utilisation": self.target_utilisation,
+            "backlog": self.backlog,
         }
 
 
@@ -276,6 +294,7 @@ class Plan:
     p99_source: str  # "given" or "exponential estimate (mean x ln 100)"
     max_utilisation: float
     cs2: float  # squared coefficient of variation assumed for the spread rule
+    catch_up_s: float | None = None  # the backlog's drain time at `replicas` (None: no backlog given)
     warnings: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +325,13 @@ class Plan:
             "p99_source": self.p99_source,
             "max_utilisation": self.max_utilisation,
             "cs2": self.cs2,
+            "catch_up": None
+            if self.catch_up_s is None
+            else {
+                "backlog": self.inputs.backlog,
+                "replicas": self.replicas,
+                "seconds": finite(self.catch_up_s),  # null: cμ ≤ λ, it never drains
+            },
             "warnings": list(self.warnings),
         }
 
@@ -403,5 +429,6 @@ def plan(inputs: PlanInputs) -> Plan:
         p99_source=p99_source,
         max_utilisation=rho_max,
         cs2=cs2,
+        catch_up_s=None if inputs.backlog is None else catch_up_s(inputs.backlog, lam, mu, c),
         warnings=tuple(warnings),
     )

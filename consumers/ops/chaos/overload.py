@@ -68,6 +68,7 @@ class OverloadReport:
     accepted: dict[str, int]
     refused: dict[str, int]
     failed: int  # neither 202 nor 429 (a timeout, a 5xx)
+    failed_by: dict[str, int]  # what those were: an HTTP status, or the client's error
     completed: int
     accepted_wait_s: dict[str, float]  # p50, p99, max: upload to its last stage's completion
     max_time_lag_s: dict[str, float]  # per group, over the run's health samples
@@ -139,6 +140,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
                 p: sum(1 for a in answers if a["status"] == 429 and a["priority"] == p) for p in PRIORITIES
             },
             failed=sum(1 for a in answers if a["status"] not in (202, 429)),
+            failed_by=failures(answers),
             completed=completed,
             accepted_wait_s=_quantiles(waits),
             max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
@@ -214,11 +216,12 @@ def _offer(
                 timeout=30,
             )
         except requests.RequestException as exc:
-            return {"n": n, "status": 0, "priority": priority, "error": str(exc), "at": sent}
+            return {"n": n, "status": 0, "priority": priority, "error": type(exc).__name__, "at": sent}
         body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
         return {
             "n": n,
             "status": answer.status_code,
+            "error": None if answer.status_code in (202, 429) else str(body.get("error", ""))[:80],
             "priority": priority,
             "document_id": body.get("document_id"),
             "retry_after": answer.headers.get("Retry-After", 0),
@@ -231,6 +234,22 @@ def _offer(
     refused = sum(1 for a in answers if a["status"] == 429)
     say(f"overload: {total} uploads offered in {time.monotonic() - started:.0f} s, {refused} refused (429)")
     return answers
+
+
+def failures(answers: list[dict[str, Any]]) -> dict[str, int]:
+    """The answers that were neither 202 nor 429, counted by what they were: "HTTP <status>" with
+    the body's error where there is one, or the client's exception (a timeout, a reset)."""
+    counted: dict[str, int] = {}
+    for a in answers:
+        if a["status"] in (202, 429):
+            continue
+        what = (
+            f"HTTP {a['status']}" + (f" {a['error']}" if a.get("error") else "")
+            if a["status"]
+            else a["error"]
+        )
+        counted[what] = counted.get(what, 0) + 1
+    return counted
 
 
 def _watch_health(url: str, lags: dict[str, float], stop: threading.Event) -> None:

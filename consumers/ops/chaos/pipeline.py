@@ -84,6 +84,12 @@ class Pipeline:
         self.ended.setdefault(name, []).append(process.returncode)
         self.restarts[name] = self.restarts.get(name, 0) + 1
 
+    def halt(self, name: str, timeout: float = 60) -> None:
+        """SIGTERM and no restart: the process leaves the pipeline (its group stops)."""
+        with self._lock:
+            self._end(name, signal.SIGTERM, timeout)
+            del self.processes[name]
+
     def supervise(self) -> list[str]:
         """Start again what has exited (a fault point's SIGKILL); the names restarted."""
         again = []

@@ -1,0 +1,351 @@
+"""The catch-up (`docstream catchup`): the OCR group stopped for half an hour under normal traffic,
+then started again under the local autoscaler; the time it takes to drain its backlog, against
+what `docstream plan` predicts for the same numbers.
+
+On a fresh local cluster, with the pipeline as processes (embeddings, thumbnails, the sink,
+analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX threads):
+
+1. service rate: a burst of `probe` one-page scanned documents; one OCR replica's μ = probe /
+   seconds from the burst to OCR's last completion (the warehouse's `completed_at`);
+2. traffic: one scanned document every 1/λ s, λ = `utilisation` x μ (normal: one replica keeps
+   up), from here to the end; `warmup_s` of it with OCR running;
+3. the stop: OCR's worker gets SIGTERM (it commits and leaves its group); `stop_s` more of
+   traffic;
+4. the catch-up: an `Autoscaler` for the OCR group alone (min 1, max `max_replicas`, the
+   scaling settings otherwise), started from scratch; the group has drained when its lag first
+   falls back to the largest lag of the warm-up;
+5. the prediction: `plan` (consumers.ops.capacity.queueing) with λ as published (documents /
+   seconds), S = 1/μ, `max_replicas` and the backlog at the restart (the group's lag then):
+   B / (cμ - λ).
+
+Reported: μ, λ, the backlog, the replicas the group had over time (its members), the ramp (the
+restart to `max_replicas` members), the drain measured against the prediction, and that every
+document published was completed by OCR.
+
+Each OCR replica runs one ONNX thread (`DOCSTREAM_OCR__THREADS=1`): onnxruntime otherwise runs
+every page over every core, and on a small machine a second replica would add no throughput
+(docs/tuning.md). The cores still cap the replicas that help: the report gives the machine's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from consumers.ops.autoscaler import Autoscaler
+from consumers.ops.capacity.queueing import PlanInputs, plan
+from consumers.ops.chaos.checker import query
+from consumers.ops.chaos.pipeline import Pipeline
+from consumers.ops.chaos.runner import prepare_run, started_cluster
+from consumers.ops.lag import LagMonitor
+from consumers.ops.lag.model import scaling_config
+from consumers.ops.launcher import ProcessLauncher, ScaledGroup, worker_command
+from docstream.settings import Settings
+from docstream.topology import group_id
+from producers.documents import scanned_pdf
+from producers.publisher import Publisher
+
+TENANT = "acme"
+SAMPLE_EVERY_S = 2.0
+OCR = "ocr"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CatchUpConfig:
+    stop_s: float = 1800.0
+    utilisation: float = 0.5  # normal traffic: λ = this x one replica's measured rate
+    max_replicas: int = 2
+    warmup_s: float = 120.0
+    probe: int = 20
+    objective_s: float = 30.0
+    ocr_threads: int = 1
+    brokers: int = 1
+    drain_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.utilisation < 1:
+            raise ValueError(
+                f"the utilisation must be in (0, 1): one replica keeps up; got {self.utilisation}"
+            )
+        if self.max_replicas < 1 or self.probe < 2 or self.ocr_threads < 1:
+            raise ValueError("need max_replicas >= 1, probe >= 2 and ocr_threads >= 1")
+        if min(self.stop_s, self.warmup_s, self.objective_s, self.drain_timeout_s) <= 0:
+            raise ValueError("the stop, warm-up, objective and drain timeout must be positive")
+
+
+@dataclass
+class CatchUpReport:
+    service_rate_per_replica: float  # μ of one OCR replica, from the probe
+    arrival_rate: float  # λ as published over the run (documents / seconds)
+    stop_s: float
+    backlog: int  # the OCR group's lag at the restart
+    max_replicas: int
+    ramp_s: float | None  # the restart to max_replicas members (None: never reached)
+    drain_s: float | None  # the restart to the lag back at the warm-up's largest (None: timed out)
+    predicted_drain_s: float | None  # plan's B / (cμ - λ) (None: cμ ≤ λ)
+    plan_command: str  # the same numbers for `docstream plan`
+    published: int
+    completed: int  # documents published that OCR completed
+    cores: int
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # per sample: t (s), lag, members
+
+    @property
+    def held(self) -> bool:
+        return self.drain_s is not None and self.completed == self.published
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "held": self.held}
+
+
+def drained_at(samples: list[tuple[float, int]], since: float, threshold: int) -> float | None:
+    """The first sample time at or after `since` whose lag is at most `threshold`, once the lag
+    has been above it (the backlog seen, then gone); None when it never fell back."""
+    above = False
+    for t, lag in samples:
+        if t < since:
+            continue
+        if lag > threshold:
+            above = True
+        elif above:
+            return t
+    return None
+
+
+def first_at(samples: list[tuple[float, int]], since: float, at_least: int) -> float | None:
+    """The first sample time at or after `since` with a value of at least `at_least`."""
+    return next((t for t, v in samples if t >= since and v >= at_least), None)
+
+
+def predicted_drain(
+    arrival_rate: float, service_rate: float, backlog: int, replicas: int, objective_s: float
+) -> tuple[float | None, str]:
+    """`plan`'s catch-up for these numbers (None when it never drains), and the command line."""
+    inputs = PlanInputs(
+        arrival_rate=arrival_rate,
+        service_time=1.0 / service_rate,
+        objective_s=objective_s,
+        replicas=replicas,
+        backlog=float(backlog),
+    )
+    seconds = plan(inputs).catch_up_s
+    command = (
+        f"docstream plan --arrival-rate {arrival_rate:.4g} --service-time {1.0 / service_rate:.4g}"
+        f" --replicas {replicas} --backlog {backlog} --objective {objective_s:g}"
+    )
+    return (None if seconds is None or seconds == float("inf") else seconds), command
+
+
+def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] = print) -> CatchUpReport:
+    folder = work / "catchup"
+    shutil.rmtree(folder, ignore_errors=True)
+    cluster = started_cluster(folder / "cluster", config.brokers)
+    pipeline: Pipeline | None = None
+    stop_traffic, stop_sampling, stop_scaler = threading.Event(), threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        env, settings, _ = prepare_run(
+            cluster,
+            folder / "home",
+            DOCSTREAM_OCR__THREADS=str(config.ocr_threads),
+            DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
+        )
+        settings = settings.model_copy(
+            update={"scaling": settings.scaling.model_copy(update={"objective_s": config.objective_s})}
+        )
+        pipeline = Pipeline(
+            env, folder / "logs", names=(OCR, "embeddings", "thumbnails", "sink", "analytics")
+        )
+        pipeline.start_all()
+        mu = _service_rate(settings, config.probe, say)
+        rate = config.utilisation * mu
+        say(f"catch-up: one OCR replica does {mu:.3f} documents/s; traffic {rate:.3f}/s from now on")
+
+        samples: list[tuple[float, int, int]] = []  # (monotonic, lag, members)
+        sampler = threading.Thread(target=_sample, args=(settings, samples, stop_sampling), daemon=True)
+        published: list[str] = []
+        traffic = threading.Thread(
+            target=_traffic, args=(settings, rate, published, stop_traffic), daemon=True
+        )
+        began = time.monotonic()
+        threads += [sampler, traffic]
+        sampler.start()
+        traffic.start()
+        time.sleep(config.warmup_s)
+        warm = [lag for t, lag, _ in list(samples) if t >= began + 10]  # past the first documents
+        threshold = max([1, *warm])
+        say(f"catch-up: warm-up done, OCR's lag at most {threshold}; stopping OCR for {config.stop_s:.0f} s")
+        pipeline.halt(OCR)
+        time.sleep(config.stop_s)
+
+        restart = time.monotonic()
+        backlog = _lag_now(samples)
+        say(f"catch-up: {backlog} waiting; starting OCR under the autoscaler (1..{config.max_replicas})")
+        scaler = threading.Thread(
+            target=_autoscale, args=(settings, env, folder / "logs", config, stop_scaler), daemon=True
+        )
+        threads.append(scaler)
+        scaler.start()
+        drained: float | None = None
+        while time.monotonic() - restart < config.drain_timeout_s:
+            time.sleep(SAMPLE_EVERY_S)
+            drained = drained_at([(t, lag) for t, lag, _ in list(samples)], restart, threshold)
+            if drained is not None:
+                break
+        stop_traffic.set()
+        traffic.join(timeout=60)
+        elapsed = time.monotonic() - began
+        arrival_rate = len(published) / max(1e-9, elapsed)
+        say(f"catch-up: drained after {_secs(drained, restart)}; waiting for every document in OCR")
+        completed = _await_completed(settings, set(published), timeout=600)
+        stop_sampling.set()
+        ramp = first_at([(t, m) for t, _, m in list(samples)], restart, config.max_replicas)
+        predicted, command = predicted_drain(
+            arrival_rate, mu, backlog, config.max_replicas, config.objective_s
+        )
+        report = CatchUpReport(
+            service_rate_per_replica=round(mu, 4),
+            arrival_rate=round(arrival_rate, 4),
+            stop_s=config.stop_s,
+            backlog=backlog,
+            max_replicas=config.max_replicas,
+            ramp_s=None if ramp is None else round(ramp - restart, 1),
+            drain_s=None if drained is None else round(drained - restart, 1),
+            predicted_drain_s=None if predicted is None else round(predicted, 1),
+            plan_command=command,
+            published=len(published),
+            completed=completed,
+            cores=os.cpu_count() or 1,
+            timeline=[{"t": round(t - began, 1), "lag": lag, "members": m} for t, lag, m in list(samples)],
+        )
+        (folder / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+        return report
+    finally:
+        for event in (stop_traffic, stop_sampling, stop_scaler):
+            event.set()
+        for thread in threads:
+            thread.join(timeout=90)
+        if pipeline is not None:
+            pipeline.stop()
+        cluster.stop(timeout=15)
+
+
+def _secs(at: float | None, since: float) -> str:
+    return "never" if at is None else f"{at - since:.0f} s"
+
+
+def scanned_of(name: str, i: int) -> bytes:
+    """A one-page scanned document of its own (the content differs, so OCR reads every one)."""
+    return scanned_pdf([f"Catch-up {name} {i}: invoice {i * 7 + 3} EUR, due in {i % 30} days."], seed=i)
+
+
+def _service_rate(settings: Settings, probe: int, say: Callable[[str], None]) -> float:
+    """One OCR replica's documents per second: a burst of `probe`, timed to OCR's last completion.
+    One document first, waited for, so that the model load is not in the timing."""
+    _publish(settings, ["warm-0"], [scanned_of("warm", 0)])
+    if _await_completed(settings, {"warm-0"}, timeout=300) != 1:
+        raise RuntimeError("OCR did not complete the first document within 300 s")
+    ids = [f"probe-{i}" for i in range(probe)]
+    started = time.time()
+    _publish(settings, ids, [scanned_of("probe", i) for i in range(probe)])
+    if _await_completed(settings, set(ids), timeout=1200) != probe:
+        raise RuntimeError(f"OCR did not complete the {probe} probe documents within 1200 s")
+    [(last,)] = query(
+        settings.warehouse_url,
+        "SELECT toUnixTimestamp64Milli(max(completed_at)) / 1000.0 FROM docstream.stage_results FINAL"
+        " WHERE stage = 'ocr' AND tenant = %(t)s AND startsWith(document_id, 'probe-')",
+        {"t": TENANT},
+    )
+    seconds = float(last) - started
+    say(f"service rate probe: {probe} documents through one OCR replica in {seconds:.1f} s")
+    return probe / seconds
+
+
+def _publish(settings: Settings, ids: list[str], contents: list[bytes]) -> None:
+    with Publisher.from_settings(settings) as publisher:
+        for document_id, content in zip(ids, contents, strict=True):
+            publisher.publish_document(
+                content, tenant=TENANT, content_type="application/pdf", document_id=document_id
+            )
+
+
+def _traffic(settings: Settings, rate: float, published: list[str], stop: threading.Event) -> None:
+    """One document every 1/rate seconds, on schedule, until `stop`."""
+    started = time.monotonic()
+    n = 0
+    with Publisher.from_settings(settings) as publisher:
+        while not stop.wait(max(0.0, started + n / rate - time.monotonic())):
+            document_id = f"t-{n}"
+            try:
+                publisher.publish_document(
+                    scanned_of("traffic", n),
+                    tenant=TENANT,
+                    content_type="application/pdf",
+                    document_id=document_id,
+                    timeout=30,
+                )
+                published.append(document_id)
+            except Exception as exc:  # reported by the count: published is what was acknowledged
+                log.warning("catch-up: publishing %s failed: %s", document_id, exc)
+            n += 1
+
+
+def _sample(settings: Settings, samples: list[tuple[float, int, int]], stop: threading.Event) -> None:
+    """The OCR group's lag and members every SAMPLE_EVERY_S, until `stop`."""
+    with LagMonitor.from_settings(settings, [OCR], scaling=None, request_timeout_s=5.0) as monitor:
+        while not stop.wait(SAMPLE_EVERY_S):
+            try:
+                group = monitor.sample().groups[0]
+            except Exception as exc:  # the broker busy: the next sample
+                log.debug("catch-up: no lag sample: %s", exc)
+                continue
+            samples.append((time.monotonic(), group.lag, group.members))
+
+
+def _lag_now(samples: list[tuple[float, int, int]]) -> int:
+    return samples[-1][1] if samples else 0
+
+
+def _autoscale(
+    settings: Settings, env: dict[str, str], logs: Path, config: CatchUpConfig, stop: threading.Event
+) -> None:
+    """The local autoscaler for the OCR group alone, until `stop` (then its children stop)."""
+    scaling = replace(scaling_config(settings.scaling), min_replicas=1, max_replicas=config.max_replicas)
+    group = ScaledGroup(OCR, group_id(OCR, settings.group_prefix), worker_command(OCR))
+    with LagMonitor.from_settings(settings, [OCR], scaling=None, request_timeout_s=5.0) as monitor:
+        autoscaler = Autoscaler(
+            [group],
+            scaling,
+            monitor.sample,
+            ProcessLauncher(env, logs),
+            decision_log=logs / "autoscaler.jsonl",
+        )
+        autoscaler.run(stop)
+
+
+def _await_completed(settings: Settings, ids: set[str], timeout: float) -> int:
+    """Until OCR has completed every one of `ids` (or `timeout`): how many it has."""
+    deadline = time.monotonic() + timeout
+    done: set[str] = set()
+    while True:
+        try:
+            rows = query(
+                settings.warehouse_url,
+                "SELECT DISTINCT document_id FROM docstream.stage_results FINAL"
+                " WHERE stage = 'ocr' AND tenant = %(t)s",
+                {"t": TENANT},
+            )
+            done = {str(d) for (d,) in rows} & ids
+        except Exception as exc:  # the sink's query server busy: ask again
+            log.debug("catch-up: the warehouse did not answer: %s", exc)
+        if len(done) == len(ids) or time.monotonic() > deadline:
+            return len(done)
+        time.sleep(2)
