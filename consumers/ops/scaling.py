@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from consumers.ops.capacity.queueing import erlang_b_series, erlang_c_from_b
+
 TREND_NOISE = 0.05  # a rise of the arrival rate below 5 % of it over the trend window is noise
 _REL_EPS = 1e-9  # float noise forgiven by `_ceil`: 3.0000000000000004 is 3, not 4
 _MAX_INT32 = 2**31 - 1
@@ -72,14 +74,8 @@ def _replicas_for_wait(rate: float, mu: float, objective_s: float, tail: float, 
     if rate <= 0 or not mu > 0:
         return 0
     a = rate / mu
-    erlang_b = 1.0
-    for n in range(1, cap + 1):
-        erlang_b = a * erlang_b / (n + a * erlang_b)
-        if n <= a:
-            continue
-        rho = a / n
-        erlang_c = erlang_b / (1 - rho * (1 - erlang_b))
-        if erlang_c * math.exp(-(n * mu - rate) * objective_s) <= tail:
+    for n, erlang_b in erlang_b_series(a, cap):
+        if n > a and erlang_c_from_b(n, a, erlang_b) * math.exp(-(n * mu - rate) * objective_s) <= tail:
             return n
     return cap
 

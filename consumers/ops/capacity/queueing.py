@@ -20,6 +20,7 @@ Infinite waits (rho ≥ 1) are `math.inf` here and None in `Plan.to_dict()`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,18 +53,30 @@ def _check_rates(arrival_rate: float, service_rate: float) -> None:
         raise ValueError(f"the service rate must be finite and positive, got {service_rate}")
 
 
+def erlang_b_series(a: float, up_to: int) -> Iterator[tuple[int, float]]:
+    """(k, B(k)) for k = 1 .. up_to, Erlang B by the recurrence B(0) = 1,
+    B(k) = a·B(k-1) / (k + a·B(k-1)). Every B(k) lies in (0, 1]: no overflow. A search over the
+    server count (the scaling policy's wait rule) walks it once instead of restarting per k."""
+    if not (math.isfinite(a) and a >= 0):
+        raise ValueError(f"need a finite offered load a >= 0, got {a}")
+    b = 1.0
+    for k in range(1, up_to + 1):
+        b = a * b / (k + a * b)
+        yield k, b
+
+
 def erlang_b(c: int, a: float) -> float:
-    """Erlang B (blocking probability of c servers at offered load a): the recurrence
-    B(0) = 1, B(k) = a·B(k-1) / (k + a·B(k-1)). Every B(k) lies in (0, 1]: no overflow."""
+    """Erlang B: the blocking probability of c servers at offered load a (`erlang_b_series`)."""
     if c < 0 or not (math.isfinite(a) and a >= 0):
         raise ValueError(f"need c >= 0 and a finite a >= 0, got c={c}, a={a}")
-    b = 1.0
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    return b
+    last = 1.0  # B(0)
+    for _, last in erlang_b_series(a, c):  # noqa: B007  (the last term is the answer)
+        pass
+    return last
 
 
-def _erlang_c_from_b(c: int, a: float, b: float) -> float:
+def erlang_c_from_b(c: int, a: float, b: float) -> float:
+    """Erlang C from Erlang B of the same c and a: B / (1 - rho(1 - B)); 1 when a ≥ c."""
     if a >= c:
         return 1.0
     rho = a / c
@@ -75,7 +88,7 @@ def erlang_c(c: int, a: float) -> float:
     C = B / (1 - rho(1 - B)) with rho = a/c. 1 when a ≥ c (unstable: everyone waits)."""
     if c < 1:
         raise ValueError(f"need at least one server, got {c}")
-    return _erlang_c_from_b(c, a, erlang_b(c, a))
+    return erlang_c_from_b(c, a, erlang_b(c, a))
 
 
 def mm1_wait(arrival_rate: float, service_rate: float) -> float:
@@ -140,11 +153,9 @@ def replicas_needed(
     a = arrival_rate / service_rate
     if a >= limit:
         return None
-    b = 1.0
-    for k in range(1, limit + 1):
-        b = a * b / (k + a * b)
+    for k, b in erlang_b_series(a, limit):
         if k > a:
-            wait = _erlang_c_from_b(k, a, b) / (k * service_rate - arrival_rate)
+            wait = erlang_c_from_b(k, a, b) / (k * service_rate - arrival_rate)
             if wait <= budget * (1 + 1e-12):
                 return k
     return None
