@@ -14,7 +14,7 @@ import pytest
 from consumers.ops.chaos.checker import Observed, isolated, judge
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
-from consumers.ops.chaos.overload import OverloadReport, failures
+from consumers.ops.chaos.overload import OverloadReport, failures, steady_rate
 from docstream import faults
 
 STAGES = ("ocr", "embeddings", "thumbnails")
@@ -237,3 +237,12 @@ def test_overload_failures_are_counted_by_what_they_were() -> None:
         "HTTP 503 the broker did not acknowledge": 1,
         "HTTP 500": 1,
     }
+
+
+def test_the_capacity_is_the_pace_after_the_first_third_of_the_burst() -> None:
+    # A slow start (warm-up: 3 documents in the first 10 s), then 10 a second.
+    finished = [2.0, 6.0, 10.0, *(10.0 + 0.1 * i for i in range(1, 7))]
+    assert steady_rate(finished) == pytest.approx(10.0)  # (9 - 3 - 1) / (10.6 - 10.1)
+    assert steady_rate([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        steady_rate([1.0, 2.0])
