@@ -112,6 +112,8 @@ class AdmissionControl:
     clock: Callable[[], float] = time.monotonic
     _waits: dict[int, PartitionWait] = field(default_factory=dict, init=False)
     _sampled: bool = field(default=False, init=False)
+    _observed_at: float = field(default=0.0, init=False)
+    _admitted_since: dict[int, int] = field(default_factory=dict, init=False)  # per partition
     _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +148,7 @@ class AdmissionControl:
                         name, p.offset_lag, wait, p.completion_rate, p.arrival_rate
                     )
         self._waits, self._sampled = waits, True
+        self._observed_at, self._admitted_since = self.clock(), {}
 
     def wait(self, partition: int) -> PartitionWait | None:
         return self._waits.get(partition)
@@ -153,7 +156,7 @@ class AdmissionControl:
     def decide(self, tenant: str, partition: int, priority: Priority = Priority.INTERACTIVE) -> Admission:
         """Admit a document of `tenant` bound for `partition`, or say why not and when to retry.
         A refused document takes no token."""
-        predicted = self._waits.get(partition)
+        predicted = self._projected(partition)
         wait = predicted.predicted_wait_s if predicted else None
         backlog = predicted.backlog if predicted else None
         if predicted is not None and wait is not None:
@@ -165,7 +168,29 @@ class AdmissionControl:
         if quota_wait > 0:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(quota_wait)))
             return Admission(False, "quota", backlog, wait, retry, no_data=wait is None)
+        self._admitted_since[partition] = self._admitted_since.get(partition, 0) + 1
         return Admission(True, None, backlog, wait, 0, no_data=wait is None)
+
+    def _projected(self, partition: int) -> PartitionWait | None:
+        """The sample's prediction carried forward to now: the backlog grows by what arrived
+        since (what this API admitted, or the measured arrival rate's worth, whichever is more)
+        and shrinks by the completions due at the measured rate. Between two samples the API
+        would otherwise keep admitting at the offered rate on a wait that no longer holds."""
+        sampled = self._waits.get(partition)
+        if sampled is None or sampled.completion_rate is None:
+            return sampled
+        elapsed = max(0.0, self.clock() - self._observed_at)
+        arrived = max(float(self._admitted_since.get(partition, 0)), (sampled.arrival_rate or 0.0) * elapsed)
+        backlog = max(0.0, sampled.backlog + arrived - sampled.completion_rate * elapsed)
+        if backlog == sampled.backlog:
+            return sampled
+        return PartitionWait(
+            sampled.group,
+            math.ceil(backlog),
+            _predicted_wait(math.ceil(backlog), sampled.completion_rate),
+            sampled.completion_rate,
+            sampled.arrival_rate,
+        )
 
     def quota_of(self, tenant: str) -> Quota:
         return self.quotas.get(tenant, self.default_quota)

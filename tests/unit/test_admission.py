@@ -86,8 +86,27 @@ def test_bulk_is_refused_before_interactive() -> None:
         _snapshot(_group("ocr", (0, 450, 10.0, 0.0)), _group("embeddings", (0, 0, 1.0, 0.0))), TOPIC
     )
     assert control.decide("acme", 0, Priority.INTERACTIVE).admitted  # 45 s <= 60 s
-    bulk = control.decide("acme", 0, Priority.BULK)  # 45 s > 30 s
-    assert not bulk.admitted and bulk.reason == "backlog" and bulk.retry_after_s == 15
+    bulk = control.decide("acme", 0, Priority.BULK)  # 45.1 s > 30 s: the admitted one is ahead of it now
+    assert not bulk.admitted and bulk.reason == "backlog" and bulk.backlog == 451
+    assert bulk.retry_after_s == 16  # ceil((451 - 30 x 10) / 10)
+
+
+def test_what_was_admitted_since_the_sample_counts_and_completions_since_it_drain() -> None:
+    now = [0.0]
+    control = _control(now)  # objective 60 s
+    # 580 ahead at 10/s: 58 s; nothing else arriving.
+    control.observe(_snapshot(_group("ocr", (0, 580, 10.0, 0.0))), TOPIC)
+    admitted = 0
+    while control.decide("acme", 0).admitted:
+        admitted += 1
+    assert admitted == 21, "admitted until its own admissions put the wait past 60 s: 580 + 21 = 601"
+    now[0] = 2.0  # 20 completions later, before the next sample
+    assert control.decide("acme", 0).admitted, "the completions since the sample made room"
+    # Another producer's arrivals, measured at 30/s, count when they outrun the API's own.
+    busy = _control(now)
+    busy.observe(_snapshot(_group("ocr", (0, 500, 10.0, 30.0))), TOPIC)
+    now[0] = 7.0  # 5 s later: 500 + 150 - 50 = 600
+    assert busy.decide("acme", 0).predicted_wait_s == pytest.approx(60.0)
 
 
 def test_a_backlog_that_does_not_shrink_is_refused_for_its_whole_wait_or_the_rate_window() -> None:
