@@ -32,6 +32,7 @@ prediction on any partition.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class AdmissionControl:
     _sampled: bool = field(default=False, init=False)
     _observed_at: float = field(default=0.0, init=False)
     _admitted_since: dict[int, int] = field(default_factory=dict, init=False)  # per partition
+    # decide runs on the API's request threads, observe on the watch's: one at a time
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -147,8 +150,9 @@ class AdmissionControl:
                     waits[p.partition] = PartitionWait(
                         name, p.offset_lag, wait, p.completion_rate, p.arrival_rate
                     )
-        self._waits, self._sampled = waits, True
-        self._observed_at, self._admitted_since = self.clock(), {}
+        with self._lock:
+            self._waits, self._sampled = waits, True
+            self._observed_at, self._admitted_since = self.clock(), {}
 
     def wait(self, partition: int) -> PartitionWait | None:
         return self._waits.get(partition)
@@ -156,6 +160,10 @@ class AdmissionControl:
     def decide(self, tenant: str, partition: int, priority: Priority = Priority.INTERACTIVE) -> Admission:
         """Admit a document of `tenant` bound for `partition`, or say why not and when to retry.
         A refused document takes no token."""
+        with self._lock:
+            return self._decide(tenant, partition, priority)
+
+    def _decide(self, tenant: str, partition: int, priority: Priority) -> Admission:
         predicted = self._projected(partition)
         wait = predicted.predicted_wait_s if predicted else None
         backlog = predicted.backlog if predicted else None
