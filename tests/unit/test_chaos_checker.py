@@ -203,6 +203,7 @@ def overload_report(**changes: object) -> OverloadReport:
         "failed": 0,
         "failed_by": {},
         "completed": 3000,
+        "completed_per_s": 30.0,
         "accepted_wait_s": {"p50": 4.0, "p99": 9.0, "max": 15.0},
         "max_time_lag_s": {"ocr": 3.0, "analytics": 20.0},
         "retry_after_s": {"p50": 20.0, "max": 31.0},

@@ -70,6 +70,7 @@ class OverloadReport:
     failed: int  # neither 202 nor 429 (a timeout, a 5xx)
     failed_by: dict[str, int]  # what those were: an HTTP status, or the client's error
     completed: int
+    completed_per_s: float  # completed / (the offer + the drain): the pace the pipeline sustained
     accepted_wait_s: dict[str, float]  # p50, p99, max: upload to its last stage's completion
     max_time_lag_s: dict[str, float]  # per group, over the run's health samples
     retry_after_s: dict[str, float]  # p50 and max of the 429s' Retry-After
@@ -124,6 +125,9 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
         accepted_ids = [a["document_id"] for a in answers if a["status"] == 202]
         say(f"overload: {len(accepted_ids)} accepted; draining")
         completed, waits = _drain(settings, accepted_ids, config.drain_s)
+        # What the pipeline sustained, after the fact: every accepted upload, over the offer and
+        # the drain (the probe's figure is a burst's; this one is ten minutes under load).
+        completed_per_s = completed / max(1e-9, time.monotonic() - began)
         stop.set()
         watcher.join()
         retry_after = sorted(float(a["retry_after"]) for a in answers if a["status"] == 429)
@@ -142,6 +146,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             failed=sum(1 for a in answers if a["status"] not in (202, 429)),
             failed_by=failures(answers),
             completed=completed,
+            completed_per_s=round(completed_per_s, 2),
             accepted_wait_s=_quantiles(waits),
             max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
             retry_after_s=_quantiles(retry_after, ("p50", "max")),
