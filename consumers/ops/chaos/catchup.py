@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -141,7 +142,7 @@ def predicted_drain(
         f"docstream plan --arrival-rate {arrival_rate:.4g} --service-time {1.0 / service_rate:.4g}"
         f" --replicas {replicas} --backlog {backlog} --objective {objective_s:g}"
     )
-    return (None if seconds is None or seconds == float("inf") else seconds), command
+    return (None if seconds is None or math.isinf(seconds) else seconds), command
 
 
 def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] = print) -> CatchUpReport:
