@@ -43,6 +43,11 @@ class RuntimeSettings(BaseModel):
     max_in_flight: int = Field(
         default=1000, ge=1, description="events held per process, queued or running (the scheduling window)"
     )
+    window_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="and at most this many seconds of work at the measured time per event (0: no bound)",
+    )
     max_poll_interval_ms: int = Field(default=300_000, ge=10_000)
     session_timeout_ms: int = Field(default=45_000, ge=6_000)
     commit_interval_ms: int = Field(default=2_000, ge=100)

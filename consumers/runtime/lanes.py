@@ -194,6 +194,11 @@ class Lanes:
     def parked_keys(self) -> set[OrderingKey]:
         return self._schedule.parked_keys
 
+    @property
+    def per_event_s(self) -> float | None:
+        """The measured time per event of a handler thread (None: nothing measured yet)."""
+        return self._schedule.per_event_s
+
     def dispatch(self) -> None:
         """Hand ready work out: to idle threads; or run it here, in the loop's thread, when a thread
         hand-off would cost more than the work: always with one lane, and with more when all that

@@ -139,7 +139,7 @@ class Worker:
             name=f"{group_id}-lane",
         )
         self._offsets = Offsets()  # segments in flight per partition, offsets to store
-        self._flow = Flow(runtime.max_in_flight)
+        self._flow = Flow(runtime.max_in_flight, runtime.window_s, runtime.concurrency)
         self._rebalance_retries = RebalanceRetries()  # failed rebalance callbacks, run again later
         self._closing = False
         self._stop = threading.Event()
@@ -211,8 +211,9 @@ class Worker:
 
     def _poll(self) -> tuple[Sequence[Consumed], Sequence[Consumed]]:
         """Retry-topic events and source events, together no more than the window has room for."""
+        self._flow.resize(self._lanes.per_event_s)
         room = self._flow.room(self._offsets.in_flight)
-        if 0 < room < self._flow.max_in_flight // 8 and not self._lanes.idle:
+        if 0 < room < self._flow.window // 8 and not self._lanes.idle:
             # A few slots free while handlers run: fetch once more are. A poll per finished unit of
             # work would take the interpreter lock from the handler threads for a handful of events.
             return [], []

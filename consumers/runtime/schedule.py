@@ -347,6 +347,12 @@ class KeySchedule:
     def parked_keys(self) -> set[OrderingKey]:
         return set(self.parked)
 
+    @property
+    def per_event_s(self) -> float | None:
+        """The time a thread took per event (decayed over the units finished); None before any."""
+        measured = self._measured_events
+        return self._measured_s / measured if measured else None
+
     def quick(self) -> bool:
         """Whether all that is ready is less than UNIT_S of work at the time per event measured
         (on enough evidence)."""

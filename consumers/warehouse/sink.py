@@ -107,8 +107,12 @@ class SinkTopics:
 
 
 def sink_runtime(runtime: RuntimeSettings, batch_rows: int) -> RuntimeSettings:
-    """The runtime settings of a sink worker: room in flight for two full batches."""
-    return runtime.model_copy(update={"max_in_flight": max(runtime.max_in_flight, 2 * batch_rows)})
+    """The runtime settings of a sink worker: room in flight for two full batches, whatever their
+    events take (a row settles when its batch is written: the window in seconds would hold back
+    the rows a batch waits for)."""
+    return runtime.model_copy(
+        update={"max_in_flight": max(runtime.max_in_flight, 2 * batch_rows), "window_s": 0.0}
+    )
 
 
 class WarehouseSink:

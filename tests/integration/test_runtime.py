@@ -279,6 +279,29 @@ def test_a_full_window_pauses_fetching_and_nothing_is_lost(group: Callable[[int]
     assert g.committed() == g.end_offsets()
 
 
+@pytest.mark.parametrize("window_s", [0.5, 0.0], ids=["window-in-seconds", "window-in-events"])
+def test_a_slow_handler_holds_seconds_of_work_in_flight_not_max_in_flight(
+    group: Callable[[int], Group], window_s: float
+) -> None:
+    """50 ms an event on 2 threads: half a second of work is 20 events, where max_in_flight (1000)
+    would take the whole backlog at once (the control: window_s 0)."""
+    g = group(1)
+    g.produce([(f"k{i}".encode(), str(i).encode()) for i in range(120)])
+    peak = [0]
+    worker = g.worker(lambda m, c: time.sleep(0.05), concurrency=2, max_in_flight=1000, window_s=window_s)
+
+    def watch(s: RunStats) -> bool:
+        peak[0] = max(peak[0], s.in_flight)
+        return s.handled >= 120
+
+    run_until(worker, watch)
+    if window_s:
+        assert 0 < peak[0] <= 24, f"{peak[0]} events in flight for half a second of work"
+    else:
+        assert peak[0] >= 100, f"the control fetched only {peak[0]} at once"
+    assert g.committed() == g.end_offsets()
+
+
 @pytest.fixture
 def worker_process(tmp_path: Path, kafka_bootstrap: str) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []

@@ -52,3 +52,39 @@ def test_hold_pauses_for_good() -> None:
     flow = Flow(max_in_flight=4)
     flow.hold()
     assert flow.paused
+
+
+def test_the_window_holds_window_s_of_work_at_the_measured_time_per_event() -> None:
+    flow = Flow(max_in_flight=1000, window_s=30.0, lanes=8)
+    assert flow.window == 16 and flow.room(0) == 16, "nothing measured: the floor, two per thread"
+    flow.resize(None)
+    assert flow.window == 16
+    flow.resize(21.0)  # OCR: 21 s a document per thread (eight threads sharing a core)
+    assert flow.window == 16, "30 s of 8 threads' work is 12 documents: the floor holds 2 per thread"
+    flow.resize(2.0)
+    assert flow.window == 120  # 30 s x 8 threads / 2 s
+    assert flow.room(100) == 20
+    flow.resize(0.001)
+    assert flow.window == 1000, "a fast handler: max_in_flight"
+    flow.resize(0.0)
+    assert flow.window == 1000, "nothing measurable per event: max_in_flight"
+
+
+def test_a_window_that_shrank_under_what_is_in_flight_pauses_and_resumes_at_three_quarters_of_it() -> None:
+    flow = Flow(max_in_flight=1000, window_s=30.0, lanes=8)
+    flow.resize(0.001)
+    assert flow.update(900, now_ms=0) is None
+    flow.resize(1.0)  # the handler slowed down: 240 events of work in 30 s
+    assert flow.window == 240 and flow.room(900) < 0
+    assert flow.update(900, now_ms=1) is None
+    assert flow.update(900, now_ms=1 + PAUSE_AFTER_MS) is Change.PAUSE
+    assert flow.update(181, now_ms=2000) is None, "above three quarters of the window"
+    assert flow.update(180, now_ms=2001) is Change.RESUME
+
+
+def test_a_window_without_seconds_is_max_in_flight_whatever_the_events_take() -> None:
+    flow = Flow(max_in_flight=500, window_s=0.0, lanes=8)
+    assert flow.window == 500
+    flow.resize(60.0)
+    assert flow.window == 500
+    assert Flow(max_in_flight=4, window_s=30.0, lanes=8).window == 4, "the floor never exceeds the cap"
