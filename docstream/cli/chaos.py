@@ -113,7 +113,7 @@ def overload(
     duration: Annotated[float, typer.Option(min=10.0, help="seconds of overload")] = 600.0,
     factor: Annotated[float, typer.Option(min=1.0, help="offered load over the measured capacity")] = 3.0,
     objective: Annotated[float, typer.Option(min=1.0, help="the API's and the groups' objective (s)")] = 30.0,
-    probe: Annotated[int, typer.Option(min=10, help="documents of the capacity probe")] = 600,
+    probe: Annotated[int, typer.Option(min=10, help="documents of the capacity probe")] = 1200,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 3,
     work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,

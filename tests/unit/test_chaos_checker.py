@@ -243,7 +243,19 @@ def test_overload_failures_are_counted_by_what_they_were() -> None:
 def test_the_capacity_is_the_pace_after_the_first_third_of_the_burst() -> None:
     # A slow start (warm-up: 3 documents in the first 10 s), then 10 a second.
     finished = [2.0, 6.0, 10.0, *(10.0 + 0.1 * i for i in range(1, 7))]
-    assert steady_rate(finished) == pytest.approx(10.0)  # (9 - 3 - 1) / (10.6 - 10.1)
+    assert steady_rate(finished) == pytest.approx(10.0)
     assert steady_rate([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         steady_rate([1.0, 2.0])
+    with pytest.raises(ValueError):
+        steady_rate([3.0, 3.0, 3.0, 3.0])
+
+
+def test_the_capacity_does_not_swing_with_where_bunched_completions_fall() -> None:
+    # 50 a second, completed in bunches: all 50 of a second at its end (the sink's batch).
+    bunched = [float(1 + i // 50) for i in range(600)]
+    assert steady_rate(bunched) == pytest.approx(50.0, rel=0.05)
+    # A ratio between end points read 57/s here: (600 - 1 - 200) / (12 - 5).
+    assert (600 - 1 - 200) / (bunched[-1] - bunched[200]) == pytest.approx(57.0, rel=0.01)
+    # Bunches of 100 every 2 s are the same pace.
+    assert steady_rate([float(2 * (1 + i // 100)) for i in range(600)]) == pytest.approx(50.0, rel=0.05)

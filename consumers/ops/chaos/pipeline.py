@@ -32,6 +32,9 @@ class Pipeline:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     ended: dict[str, list[int]] = field(default_factory=dict)  # exit codes seen, per process
+    # The niceness of the consumers (every process but the API): > 0 lets the API have the CPU it
+    # asks for first, as it would on nodes of its own (`docstream overload`).
+    nice: int = 0
     # One change at a time (a fault's restart, the supervisor's): none starts a process the other
     # loses track of; and nothing starts once `stop` began.
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -55,9 +58,12 @@ class Pipeline:
         if fault is not None:
             env[faults.ENV] = fault
         self.logs.mkdir(parents=True, exist_ok=True)
+        command = COMMANDS[name]
+        if self.nice and name != "api":
+            command = ["nice", "-n", str(self.nice), *command]
         with (self.logs / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
-                COMMANDS[name], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
     def kill(self, name: str) -> None:
