@@ -195,7 +195,7 @@ def overload_report(**changes: object) -> OverloadReport:
     base: dict[str, object] = {
         "capacity_per_s": 16.0,
         "offered_per_s": 48.0,
-        "sent_per_s": 41.0,
+        "sent_per_s": 47.5,
         "duration_s": 90.0,
         "objective_s": 30.0,
         "accepted": {"interactive": 2000, "bulk": 1000},
@@ -221,6 +221,9 @@ def test_overload_holds_only_when_it_shed_completed_everything_and_kept_the_lag_
         "a group fell behind past 1.5x the objective"
     )
     assert overload_report(max_time_lag_s={"ocr": 45.0}).held
+    assert not overload_report(sent_per_s=43.1).held, "the client sent less than 90 % of the schedule"
+    assert overload_report(sent_per_s=43.2).held
+    assert not overload_report(failed=1, failed_by={"TimeoutError": 1}).held, "a request went unanswered"
     assert overload_report().as_dict()["held"] is True
 
 
