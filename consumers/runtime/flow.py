@@ -1,8 +1,8 @@
 """Flow control: how much to fetch, and when to pause and resume fetching. Pure.
 
 The in-flight window holds at most `max_in_flight` events (fetched, not settled), and at most
-`window_s` seconds of work at the measured time per event (`resize`): a slow handler holds a
-few seconds of events, not a thousand of them. What is in flight is what a commit trails by and
+`window_s` seconds of work at the measured time per event (`resize`): a slow handler holds
+half a minute of events (the default), not a thousand of them. What is in flight is what a commit trails by and
 what a crash or a revoke hands to another member to do again; a group stopped for half an hour
 that fetched a thousand OCR documents at once would commit nothing for minutes, and its lag would
 read no progress meanwhile. Before anything is measured the window is its floor (`least`); a
