@@ -1,13 +1,13 @@
 """Flow control: how much to fetch, and when to pause and resume fetching. Pure.
 
 The in-flight window holds at most `max_in_flight` events (fetched, not settled), and at most
-`window_s` seconds of work at the measured time per event (`resize`): a slow handler holds
-half a minute of events (the default), not a thousand of them. What is in flight is what a commit trails by and
-what a crash or a revoke hands to another member to do again; a group stopped for half an hour
-that fetched a thousand OCR documents at once would commit nothing for minutes, and its lag would
-read no progress meanwhile. Before anything is measured the window is its floor (`least`); a
-fast handler's first events widen it to `max_in_flight` at once. A poll fetches no more than the
-window has room for. A window that is full for a moment (fast handlers) only
+`window_s` seconds of work at the measured time per event (`resize`): a slow handler holds half
+a minute of events (the default), not a thousand of them. What is in flight is what a commit
+trails by and what a crash or a revoke hands to another member to do again; a group stopped for
+half an hour that fetched a thousand OCR documents at once would commit nothing for minutes, and
+its lag would read no progress meanwhile. Before anything is measured the window is its floor
+(`least`); a fast handler's first events widen it to `max_in_flight` at once. A poll fetches no
+more than the window has room for. A window that is full for a moment (fast handlers) only
 skips a fetch: pausing would cost a refetch of up to fetch.wait.max.ms on resume. One that stays
 full for PAUSE_AFTER_MS (slow handlers) pauses every partition, so that the loop can keep polling
 for rebalances and heartbeats without fetching more; fetching resumes once the window is down to
