@@ -22,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -149,6 +150,30 @@ class Warehouse:
 
     # -- schema ----------------------------------------------------------------------------
 
+    def migrate_when_reachable(
+        self,
+        ddl_dir: Path,
+        say: Callable[[str], None],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> list[str]:
+        """`migrate`, waiting for a warehouse that is unreachable (TransientError) with backoff
+        from 0.5 s up to 10 s: one line when it is found away, one when it answers again. A
+        service started during an outage waits for it rather than exiting and restarting."""
+        delay, away = 0.5, False
+        while True:
+            try:
+                applied = self.migrate(ddl_dir)
+            except TransientError as exc:
+                if not away:
+                    say(f"warehouse {_safe(self.url)} unreachable at start ({_first_line(exc)}); waiting")
+                    away = True
+                sleep(delay)
+                delay = min(2 * delay, 10.0)
+                continue
+            if away:
+                say(f"warehouse {_safe(self.url)} answers again; schema up to date")
+            return applied
+
     def migrate(self, ddl_dir: Path) -> list[str]:
         """Apply the `NNN_*.sql` files of `ddl_dir` not applied yet, in name order; their names.
 
@@ -176,6 +201,8 @@ class Warehouse:
         return done
 
     def _command(self, sql: str, source: str = "") -> None:
+        if faults.switched_on(faults.WAREHOUSE_DOWN):  # a chaos run's outage: DDL fails as inserts do
+            raise TransientError("warehouse unreachable (fault switch)")
         try:
             with self._lock:
                 self._client.command(sql)

@@ -73,7 +73,7 @@ def sink() -> None:
 
     s = settings()
     with Warehouse(s.warehouse_url) as warehouse:
-        warehouse.migrate(DDL_DIR)
+        warehouse.migrate_when_reachable(DDL_DIR, say=lambda line: console.print(line, markup=False))
         handler, worker = build_sink(s, warehouse)
         # the flusher outlives the worker: deferred messages settle during its shutdown;
         # meanwhile `docstream sql|search|analytics` query the embedded warehouse through this process;

@@ -128,7 +128,7 @@ def warehouse_down(stage: Stage) -> None:
     with stage.lock:
         stage.struck.append(time.time())
     switch.touch()
-    stage.say(f"warehouse down (every insert fails) for {WAREHOUSE_DOWN_S:.0f} s")
+    stage.say(f"warehouse down (every insert and DDL statement fails) for {WAREHOUSE_DOWN_S:.0f} s")
     time.sleep(WAREHOUSE_DOWN_S)
     switch.unlink()
     stage.say("warehouse back")
