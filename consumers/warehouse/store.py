@@ -37,6 +37,7 @@ from clickhouse_connect.driver.exceptions import (
     ProgrammingError,
 )
 
+from consumers.warehouse.batches import OUTAGE_BACKOFF_MAX_S, OUTAGE_BACKOFF_S
 from consumers.warehouse.sql_guard import output_format as read_only_format
 from consumers.warehouse.sql_guard import read_only_sql
 from docstream import faults
@@ -73,6 +74,13 @@ class Queries(Protocol):
     def query(
         self, sql: str, parameters: dict[str, Any] | None = None
     ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+
+
+def _fail_if_switched_down(what: str) -> None:
+    """A chaos run's outage (docstream.faults' switch): every insert and DDL statement fails as an
+    unreachable server's would."""
+    if faults.switched_on(faults.WAREHOUSE_DOWN):
+        raise TransientError(f"{what} failed, warehouse unreachable (fault switch)")
 
 
 def statements(ddl: str) -> list[str]:
@@ -156,10 +164,10 @@ class Warehouse:
         say: Callable[[str], None],
         sleep: Callable[[float], None] = time.sleep,
     ) -> list[str]:
-        """`migrate`, waiting for a warehouse that is unreachable (TransientError) with backoff
-        from 0.5 s up to 10 s: one line when it is found away, one when it answers again. A
-        service started during an outage waits for it rather than exiting and restarting."""
-        delay, away = 0.5, False
+        """`migrate`, waiting for a warehouse that is unreachable (TransientError) with the sink
+        flusher's backoff (0.5 s doubling up to 10 s): one line when it is found away, one when it
+        answers again. A service started during an outage waits for it rather than exiting."""
+        delay, away = OUTAGE_BACKOFF_S, False
         while True:
             try:
                 applied = self.migrate(ddl_dir)
@@ -168,7 +176,7 @@ class Warehouse:
                     say(f"warehouse {_safe(self.url)} unreachable at start ({_first_line(exc)}); waiting")
                     away = True
                 sleep(delay)
-                delay = min(2 * delay, 10.0)
+                delay = min(2 * delay, OUTAGE_BACKOFF_MAX_S)
                 continue
             if away:
                 say(f"warehouse {_safe(self.url)} answers again; schema up to date")
@@ -201,8 +209,7 @@ class Warehouse:
         return done
 
     def _command(self, sql: str, source: str = "") -> None:
-        if faults.switched_on(faults.WAREHOUSE_DOWN):  # a chaos run's outage: DDL fails as inserts do
-            raise TransientError("warehouse unreachable (fault switch)")
+        _fail_if_switched_down("a DDL statement")
         try:
             with self._lock:
                 self._client.command(sql)
@@ -218,8 +225,7 @@ class Warehouse:
         """Insert `rows` (tuples in `columns` order) into `table` (`database.table`) in one batch."""
         if not rows:
             return
-        if faults.switched_on(faults.WAREHOUSE_DOWN):  # a chaos run's outage (docstream.faults)
-            raise TransientError(f"insert into {table} failed, warehouse unreachable (fault switch)")
+        _fail_if_switched_down(f"insert into {table}")
         try:
             with self._lock:
                 self._client.insert(table, rows, column_names=list(columns))
