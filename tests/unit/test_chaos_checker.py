@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumers.ops.chaos.checker import Observed, isolated, judge
+from consumers.ops.chaos.checker import Observed, distinct_uploads, isolated, judge
 from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
 from consumers.ops.chaos.overload import OverloadReport, failures, steady_rate
@@ -100,6 +100,38 @@ def test_an_api_upload_from_the_outbox_is_found_by_its_content() -> None:
     acked[1] = Acked("b", "acme", "s2", None, None, "api", 0.0)
     assert counts(acked, seen) == (0, 0, 0, 0)
     acked[1] = Acked("b", "acme", "other", None, None, "api", 0.0)
+    assert counts(acked, seen)[0] == 1
+
+
+def test_a_record_re_published_identically_is_a_copy_of_the_first_upload() -> None:
+    events = [
+        ("acme", "a", 19, 1000, "s1"),
+        ("acme", "a", 22, 1000, "s1"),  # the same upload again, after a send that timed out
+        ("acme", "a", 20, 1000, "s1"),
+        ("acme", "a", 21, 2000, "s1"),  # re-uploaded later with the same content: another upload
+        ("acme", "a", 23, 1000, "s2"),  # same time, other content: another upload
+        ("globex", "a", 24, 1000, "s1"),  # another tenant's document
+    ]
+    uploads, copies = distinct_uploads(events)
+    assert uploads == {
+        ("acme", "a", 19): "s1",
+        ("acme", "a", 21): "s1",
+        ("acme", "a", 23): "s2",
+        ("globex", "a", 24): "s1",
+    }
+    assert copies == {("acme", "a", 20): ("acme", "a", 19), ("acme", "a", 22): ("acme", "a", 19)}
+
+
+def test_copies_answered_with_the_first_upload_s_completion_count_once() -> None:
+    """What the stages do with a copy (the first one's completion again, `completion_key`) is
+    clean; an SDK upload acknowledged at a copy's offset is found as its first."""
+    acked, seen = run_of(UPLOADS)
+    seen.copies = {("acme", "b", 7): ("acme", "b", 1), ("acme", "b", 8): ("acme", "b", 1)}
+    acked[1] = Acked("b", "acme", "s2", 0, 8, "sdk", 0.0)
+    row = judge("f", acked, seen, verified=True, recovery_s=1.0, groups=GROUPS)
+    assert (row.lost, row.duplicated, row.unseen, row.order_violations) == (0, 0, 0, 0)
+    assert row.details["re-published copies"] == 2
+    acked[1] = Acked("b", "acme", "s2", 0, 9, "sdk", 0.0)  # an offset that holds nothing of the run
     assert counts(acked, seen)[0] == 1
 
 

@@ -3,7 +3,10 @@
 Read back, once every group has caught up and the pipeline has stopped:
 
 - the upload topic, every record: the upload events (an API upload accepted into its outbox is
-  found there by its tenant, id and content);
+  found there by its tenant, id and content). A record re-published identically after a send
+  that timed out but had in fact been written (same tenant, id, upload time and content: the
+  upload's `completion_key`) is a copy of the first, not another upload: the stages answer it
+  with the first one's completion, and it is counted once (`distinct_uploads`);
 - each stage's completion topic, in order: per key, the upload offsets its completions are for;
 - the warehouse: `stage_results` (one row per stage and upload), `uploads`, the current result of
   each document, and the rollups of the shortest window;
@@ -17,7 +20,7 @@ And report:
 - duplicated: an effect counted twice: a stage row, completion record or `uploads` row more than
   one per upload event, a result object more than one per content, rollups counting more uploads
   than the topic holds;
-- unseen: upload events on the topic (acknowledged or not) that some stage never handled;
+- unseen: uploads on the topic (acknowledged or not) that some stage never handled;
 - order violations: per key, a stage's first completions out of upload order, or a document
   whose current result is not its latest upload's;
 - whether `docstream analytics --verify` finds every closed window equal to its recount.
@@ -26,6 +29,7 @@ And report:
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -42,6 +46,24 @@ from docstream.topology import DOC_UPLOADED, STAGES, UPLOAD_EVENT
 from schemas.codec import Codec
 
 Upload = tuple[str, str, int]  # tenant, document id, upload offset
+UploadEvent = tuple[str, str, int, int, str]  # tenant, document id, offset, upload time (epoch ms), sha256
+
+
+def distinct_uploads(events: Iterable[UploadEvent]) -> tuple[dict[Upload, str], dict[Upload, Upload]]:
+    """The distinct uploads among upload events (the first copy of each -> its content sha256), and
+    each later copy -> its first. A copy has the first's tenant, document id, upload time and
+    content; a document's events share a partition, so its offsets are comparable."""
+    first: dict[tuple[str, str, int, str], Upload] = {}
+    uploads: dict[Upload, str] = {}
+    copies: dict[Upload, Upload] = {}
+    for tenant, doc, offset, uploaded_ms, sha in sorted(events, key=lambda e: e[2]):
+        upload = (tenant, doc, offset)
+        original = first.setdefault((tenant, doc, uploaded_ms, sha), upload)
+        if original == upload:
+            uploads[upload] = sha
+        else:
+            copies[upload] = original
+    return uploads, copies
 
 
 @dataclass
@@ -111,7 +133,7 @@ def query(url: str, sql: str, parameters: dict[str, Any] | None = None) -> list[
 class Observed:
     """What a run left behind, read back (`observe`); `judge` turns it into a row."""
 
-    on_topic: dict[Upload, str]  # the upload events of the run's tenants (poison aside) -> content sha256
+    on_topic: dict[Upload, str]  # the distinct uploads of the run's tenants (poison aside) -> content sha256
     stage_rows: dict[str, dict[Upload, int]]  # stage -> upload -> rows in stage_results FINAL
     upload_rows: dict[tuple[str, str], int]  # (tenant, document id) -> rows in uploads FINAL
     rolled: int  # documents counted by the current rollups of the shortest window
@@ -125,6 +147,7 @@ class Observed:
         None  # groups with the poisoned upload in dead_letters (None: no poison)
     )
     poison_upload_rows: int = 0
+    copies: dict[Upload, Upload] = field(default_factory=dict)  # a re-published copy -> its first
 
 
 def observe(
@@ -133,11 +156,15 @@ def observe(
     """Read back the topics, the warehouse and the blob store of a run."""
     tenants = list(tenants)
     bootstrap, url = settings.bootstrap, settings.warehouse_url
-    on_topic: dict[Upload, str] = {}
+    events: list[UploadEvent] = []
     for _, offset, _, value in read_topic(bootstrap, DOC_UPLOADED):
         record = codec.decode(UPLOAD_EVENT, value, topic=DOC_UPLOADED)
         if record["tenant"] in tenants and record["document_id"] != poison:
-            on_topic[(record["tenant"], record["document_id"], offset)] = record["content_sha256"]
+            uploaded_ms = math.floor(record["uploaded_at"].timestamp() * 1000 + 0.5)
+            events.append(
+                (record["tenant"], record["document_id"], offset, uploaded_ms, record["content_sha256"])
+            )
+    on_topic, copies = distinct_uploads(events)
     mine = {"tenants": tenants}
     stage_rows: dict[str, dict[Upload, int]] = defaultdict(dict)
     for stage, tenant, doc, offset, n in query(
@@ -186,6 +213,7 @@ def observe(
         results={s.name: _count(blobs / "results" / s.name) for s in STAGES},
         first_completions=first,
         current=[(st, t, d, int(o)) for st, t, d, o in current],
+        copies=copies,
     )
     if poison is not None:
         lettered = query(
@@ -217,12 +245,10 @@ def judge(
     expected: set[Upload] = set()
     missing_on_topic = 0
     for a in acked:
-        if a.offset is not None:
-            copies = (
-                [(a.tenant, a.document_id, a.offset)]
-                if (a.tenant, a.document_id, a.offset) in on_topic
-                else []
-            )
+        if a.offset is not None:  # the offset it was acknowledged at: a copy counts as its first
+            at = (a.tenant, a.document_id, a.offset)
+            at = seen.copies.get(at, at)
+            copies = [at] if at in on_topic else []
         else:  # relayed from the API's outbox: any copy of it on the topic
             copies = [
                 u
@@ -254,7 +280,8 @@ def judge(
     lost += max(0, len(on_topic) - seen.rolled) + completion_missing
     details: dict[str, Any] = {
         "acknowledged": len(acked),
-        "upload events on the topic": len(on_topic),
+        "uploads on the topic": len(on_topic),
+        "re-published copies": len(seen.copies),
         "acknowledged, not on the topic": missing_on_topic,
         "distinct contents": contents,
         "lost by stage": {s: len(expected - handled[s]) for s in stages},

@@ -110,7 +110,14 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             striker.join()
         (folder / "acked.jsonl").write_text("".join(json.dumps(a.as_dict()) + "\n" for a in acked))
         groups = [group_id(g) for g in ("ocr", "embeddings", "thumbnails", "analytics")]
-        caught_up_s = _await_results(settings, acked, config.catch_up_s, load.poison_id, len(groups))
+        caught_up_s = _await_results(
+            settings,
+            acked,
+            config.catch_up_s,
+            load.poison_id,
+            len(groups),
+            lambda line: say(f"[{name}] {line}"),
+        )
         stop.set()
         supervisor.join()
         say(f"[{name}] caught up after {caught_up_s:.0f} s")
@@ -222,13 +229,22 @@ def _strike(inject: Callable[[Stage], None], stage: Stage, delay: float) -> None
 
 
 def _await_results(
-    settings: Settings, acked: Sequence[object], timeout: float, poison: str, groups: int
+    settings: Settings,
+    acked: Sequence[object],
+    timeout: float,
+    poison: str,
+    groups: int,
+    say: Callable[[str], None] = print,
+    every_s: float = 30.0,
 ) -> float:
     """Seconds until the warehouse has every stage's result for as many uploads as were
     acknowledged, the rollups count as many, and every group's dead letter of the poisoned upload
-    is in; then a few more for late amendments."""
+    is in; then a few more for late amendments. Every `every_s` a line says how far each is, and
+    one says what was still missing when `timeout` passed."""
     started = time.monotonic()
     want = len(acked)
+    progress = "no answer from the warehouse yet"
+    next_line = started + every_s
     parameters = {"tenants": list(TENANTS), "w": WINDOW_S, "poison": poison}
     while time.monotonic() - started < timeout:
         time.sleep(3)
@@ -253,6 +269,14 @@ def _await_results(
         except Exception:  # the sink restarting: it owns the embedded warehouse
             continue
         done = {s: int(n) for s, n in stages}
+        progress = (
+            ", ".join(f"{s.name} {done.get(s.name, 0)}" for s in STAGES)
+            + f", rollups {int(rolled[0][0] or 0) if rolled else 0} of {want} uploads;"
+            f" poisoned upload dead-lettered by {int(lettered[0][0])} of {groups} groups"
+        )
+        if time.monotonic() >= next_line:
+            say(f"waiting for results: {progress}")
+            next_line += every_s
         if (
             all(done.get(s.name, 0) >= want for s in STAGES)
             and rolled
@@ -261,6 +285,7 @@ def _await_results(
         ):
             time.sleep(3)
             return time.monotonic() - started
+    say(f"not caught up after {timeout:.0f} s: {progress}")
     return time.monotonic() - started  # the checker says what is missing
 
 
