@@ -81,7 +81,7 @@ from consumers.analytics.clock import IdleClock, tick_due, tick_time
 from consumers.analytics.dead_letters import DeadLetterSender
 from consumers.analytics.events import Completion, Event, Upload, completion_from_record, upload_from_record
 from consumers.analytics.faust_flush import drain_table_writes_on_flush
-from consumers.analytics.readback import Positions, Record
+from consumers.analytics.readback import Positions, Record, acknowledge_read_back
 from consumers.analytics.rollups import Rollup
 from consumers.analytics.windows import DEFAULT_LATENESS_MS, DEFAULT_WINDOW_SIZES_MS, WindowFold
 from consumers.ops.lag import offset_lag
@@ -254,6 +254,10 @@ def make_app(
         folds.clear()  # rebuilt from the recovered table, partition by partition
         positions.forget()
 
+    @app.on_partitions_assigned.connect
+    async def look_up_starts(*args: Any, **__: Any) -> None:  # (the app, the assigned TPs)
+        await positions.assigned((tp.topic, tp.partition) for tp in args[1] if tp.topic in by_topic)
+
     async def handle(record: Record) -> None:
         """One source record: folded (or dead-lettered), then 2. and 3. of the module docstring."""
         p, where = record.partition, f"{record.topic}[{record.partition}]@{record.offset}"
@@ -324,8 +328,8 @@ def make_app(
                     counters.skipped += 1
                     await handle(missed)
                 if skipped:  # folded: let faust's commit pass them (it waits for them forever otherwise)
-                    await app.consumer._add_gap(  # type: ignore[attr-defined]  # faust-internal
-                        TP(record.topic, record.partition), skipped[0].offset, record.offset - 1
+                    acknowledge_read_back(
+                        app.consumer, TP(record.topic, record.partition), [m.offset for m in skipped]
                     )
             await handle(record)
             positions.seen(record)

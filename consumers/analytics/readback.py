@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,34 +40,78 @@ class Record:
 READ_BACK_TIMEOUT_S = 30.0
 
 
+def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int]) -> None:
+    """Mark records read back and folded as acknowledged in faust's commit bookkeeping, as its
+    `Consumer.ack` marks a record it handed over: once (its index) and only from the committed
+    offset on, so that its commit passes them. faust may hand some of them over later after all
+    (its seek to the committed offset); they are acknowledged already then and not listed twice.
+    An earlier version marked them as a gap (`_add_gap`), which faust merges into its list of
+    acknowledged offsets without the index: an offset listed twice breaks the run of consecutive
+    offsets its commit takes, and the commit crept on one offset per commit interval.
+    """
+    from faust.types.tuples import ack_lock  # faust-internal, as the bookkeeping below
+
+    with ack_lock:
+        committed = consumer._committed_offset[tp]
+        index, acked = consumer._acked_index[tp], consumer._acked[tp]
+        for offset in offsets:
+            if (committed is None or offset >= committed) and offset not in index:
+                index.add(offset)
+                acked.append(offset)
+
+
 class Positions:
     """The next offset of each source partition, to fold the records faust skips.
 
     faust-streaming 0.15.3 keeps, per partition, the offset it last read; after a rebalance it seeks
-    to the committed offset but drops every record below that read offset ("DROPPED MESSAGE ROFF"
-    in `Consumer._drain_messages`), so a record prefetched before the rebalance reaches the agent
-    and the ones between the committed offset and it never do (faust-streaming issues #216, #221).
-    Then either faust took the hole for a gap (compaction, transaction markers: #312, #606) and
-    committed past it, losing those records (seen here: two workers killed and restarted, 3 uploads
-    and their completions never folded, rollups short), or its commit waited for them forever (the
-    group's offsets stopped moving). docstream's source topics have neither compaction nor
-    transactions, so their offsets are consecutive: a record past the next expected offset means
-    records were skipped. They are read back from the topic and folded before it (the fold is the
-    same in any order), then marked as a gap for faust's commit, which now passes them only once
-    they are in the table. The next expected offset of a partition just assigned is where faust
-    sought it: the group's committed offset (`committed`, faust's own record of it). Records faust
-    hands over before that seek are where the client itself starts, the committed offset, so the
-    first of them is taken as it comes (reading back from the log start then, as an earlier version
-    did, left faust's commit waiting for offsets below its own committed one).
+    to the committed offset but drops every record below that read offset ("DROPPED MESSAGE ROFF" in
+    `Consumer._drain_messages`), so a record prefetched before the rebalance reaches the agent and
+    the ones between the committed offset and it never do (faust-streaming issues #216, #221). Then
+    either faust took the hole for a gap (compaction, transaction markers: #312, #606) and committed
+    past it, losing those records (seen here: two workers killed and restarted, 3 uploads and their
+    completions never folded, rollups short), or its commit waited for them forever (the group's
+    offsets stopped moving). docstream's source topics have neither compaction nor transactions, so
+    their offsets are consecutive: a record past the next expected offset means records were
+    skipped. They are read back from the topic and folded before it (the fold is the same in any
+    order), then marked acknowledged for faust's commit (`acknowledge_read_back`), which now passes
+    them only once they are in the table. The next expected offset of a partition just assigned is
+    where faust sought it: the group's committed offset (`committed`, faust's own record of it).
+    faust keeps no record while it has not sought the partition yet, nor when the group never
+    committed it, nor when the commit was offset 0 (its `perform_seek` maps 0 to None). Then the
+    broker's answer at the assignment (`assigned`): the group's committed offset, or the log start
+    when the group has none (where the client starts, `auto.offset.reset` earliest). An earlier
+    version took the first record as it came then, and lost a hole: a worker killed before its first
+    commit of a partition, the next one handed over offset 21 of it first, and offsets 0 to 20 were
+    never folded (rollups short of 21 OCR pages). The log start without asking the broker, as a
+    version before that did, left faust's commit waiting for offsets below its own committed one
+    when the group had one.
     """
 
     def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
         self._bootstrap, self._group, self._committed = bootstrap, group, committed
         self._next: dict[tuple[str, int], int] = {}
         self._reader: Any = None
+        self._offsets: Any = None  # asks the broker for the group's committed offsets, never joins
+        self._starts: dict[tuple[str, int], int] = {}  # where the client started, at the assignment
 
     def forget(self) -> None:
         self._next.clear()
+        self._starts.clear()
+
+    async def assigned(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """On an assignment: where the group's client starts each partition (`_group_start`), for
+        the partitions faust keeps no offset of. Looked up here, while faust's flow is suspended
+        for the rebalance, not when a record comes (awaiting the broker there, between faust
+        handing a record over and its seek, left a partition that was never committed)."""
+        where = list(partitions)
+        if not where:
+            return
+        try:
+            starts = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
+        except Exception as exc:  # the broker away: the first records are taken as they come
+            logger.warning("could not look up where the group starts %d partitions: %s", len(where), exc)
+            return
+        self._starts.update(starts)
 
     def seen(self, record: Record) -> None:
         where = (record.topic, record.partition)
@@ -78,9 +122,10 @@ class Positions:
         start = self._next.get((record.topic, record.partition))
         if start is None:  # the first record since the partition was assigned: where faust sought
             start = self._committed(record.topic, record.partition)
+        if start is None:  # faust keeps none: where the group's client started (`assigned`)
+            start = self._starts.get((record.topic, record.partition))
         if start is None or record.offset <= start:
-            # Not sought yet (faust may hand records over just before its seek), or no hole.
-            return []
+            return []  # not looked up (a partition of no source), or no hole
         logger.warning(
             "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"
             " back from the topic",
@@ -130,6 +175,31 @@ class Positions:
         finally:
             consumer.unassign()
         return found
+
+    def _group_starts(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Where the group's client starts reading each partition: its committed offset, or the log
+        start where the group has none."""
+        from confluent_kafka import TopicPartition
+
+        if self._offsets is None:
+            self._offsets = clients.consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": self._group,  # OffsetFetch only: never subscribes, assigns or commits
+                    "enable.auto.commit": False,
+                }
+            )
+        found = self._offsets.committed(
+            [TopicPartition(t, p) for t, p in partitions], timeout=READ_BACK_TIMEOUT_S
+        )
+        starts = {}
+        for tp in found:
+            if tp.error is None and tp.offset >= 0:
+                starts[(tp.topic, tp.partition)] = int(tp.offset)
+            else:
+                low, _ = self._offsets.get_watermark_offsets(tp, timeout=READ_BACK_TIMEOUT_S)
+                starts[(tp.topic, tp.partition)] = int(low)
+        return starts
 
     def _consumer(self) -> Any:
         if self._reader is None:

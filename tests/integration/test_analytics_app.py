@@ -504,15 +504,18 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
     kafka_bootstrap: str, admin_conf: dict[str, Any], new_topic: Callable[..., str]
 ) -> None:
     """`_Positions`: the records between the next expected offset (the last seen + 1; for the
-    first record since an assignment, where faust sought the partition, or the log start) and the
-    one faust handed over are read back from the topic; before faust sought the partition, the first
-    record is taken as it comes."""
+    first record since an assignment, where faust sought the partition) and the one faust handed
+    over are read back from the topic. Where faust keeps no offset of its own (not sought yet, the
+    group never committed, or committed 0), the broker's, looked up at the assignment: the group's
+    committed offset, or the log start when the group has none; a worker killed before its first
+    commit of a partition left a hole there when the first record was taken as it came."""
     import asyncio
 
     from consumers.analytics.readback import Positions as _Positions
     from consumers.analytics.readback import Record as _Record
 
     topic = new_topic(1, "skips")
+    group = f"{topic}.group"
     producer = Producer(admin_conf)
     for i in range(12):
         producer.produce(topic, value=f"v{i}".encode(), key=b"k", partition=0)
@@ -527,8 +530,10 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
         positions.seen(handed(offset))
         return found
 
-    positions = _Positions(kafka_bootstrap, "skips", lambda t, p: sought.get((t, p)))
-    assert asyncio.run(skipped(positions, 2)) == []  # not sought yet: taken as it comes
+    positions = _Positions(kafka_bootstrap, group, lambda t, p: sought.get((t, p)))
+    asyncio.run(positions.assigned([(topic, 0)]))
+    # faust keeps no offset and the group never committed: from the log start
+    assert asyncio.run(skipped(positions, 2)) == [(0, b"v0"), (1, b"v1")]
     assert asyncio.run(skipped(positions, 3)) == []  # the next one
     assert asyncio.run(skipped(positions, 7)) == [(4, b"v4"), (5, b"v5"), (6, b"v6")]
     positions.forget()  # a rebalance: faust seeks to the committed offset
@@ -536,3 +541,13 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
     assert asyncio.run(skipped(positions, 9)) == []
     positions.forget()
     assert asyncio.run(skipped(positions, 11)) == [(9, b"v9"), (10, b"v10")]
+    committer = Consumer({**admin_conf, "group.id": group, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    committer.close()
+    sought.clear()  # faust keeps none again (not sought yet): the group's commit says where it starts
+    positions.forget()
+    asyncio.run(positions.assigned([(topic, 0)]))
+    assert asyncio.run(skipped(positions, 8)) == [(5, b"v5"), (6, b"v6"), (7, b"v7")]
+    positions.forget()  # assigned, not looked up (the broker away): taken as it comes
+    assert asyncio.run(skipped(positions, 10)) == []
+    assert asyncio.run(skipped(positions, 11)) == []

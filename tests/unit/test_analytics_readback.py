@@ -1,0 +1,54 @@
+"""Records read back for faust (consumers.analytics.readback) and faust's own commit bookkeeping.
+
+`acknowledge_read_back` marks them as faust's `Consumer.ack` marks a record it handed over; the
+commit offset is then computed by faust's own `Consumer._new_offset` (faust-streaming 0.15.3), run
+here on the same bookkeeping a consumer holds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+from faust.transport.consumer import Consumer
+from faust.types import TP
+
+from consumers.analytics.readback import acknowledge_read_back
+
+PART = TP("doc.ocr.done", 1)
+
+
+def bookkeeping(committed: int | None) -> SimpleNamespace:
+    """What faust's Consumer keeps for its commit (`Consumer.__init__`)."""
+    books = SimpleNamespace(
+        _acked=defaultdict(list),
+        _acked_index=defaultdict(set),
+        _gap=defaultdict(list),  # no gaps (faust keeps IntervalTrees there; empty is empty)
+        _committed_offset=defaultdict(lambda: None),
+    )
+    books._committed_offset[PART] = committed
+    return books
+
+
+def faust_acks(books: SimpleNamespace, offset: int) -> None:
+    """`Consumer.ack` for a record faust handed over (its bookkeeping, without the message)."""
+    committed = books._committed_offset[PART]
+    if (committed is None or offset >= committed) and offset not in books._acked_index[PART]:
+        books._acked_index[PART].add(offset)
+        books._acked[PART].append(offset)
+
+
+def test_records_read_back_let_the_commit_pass_them_in_one_go() -> None:
+    books = bookkeeping(committed=None)  # the group never committed the partition
+    acknowledge_read_back(books, PART, list(range(0, 21)))  # read back: faust handed over 21 first
+    faust_acks(books, 21)
+    assert Consumer._new_offset(books, PART) == 22  # type: ignore[arg-type]
+
+
+def test_a_record_read_back_and_then_handed_over_by_faust_is_listed_once() -> None:
+    books = bookkeeping(committed=5)
+    acknowledge_read_back(books, PART, [3, 4, 5, 6, 7])  # below the committed offset: not listed
+    for offset in (5, 6, 7, 8):  # faust hands 5..7 over after all (its seek), then 8
+        faust_acks(books, offset)
+    assert sorted(books._acked[PART]) == [5, 6, 7, 8]
+    assert Consumer._new_offset(books, PART) == 9  # type: ignore[arg-type]
