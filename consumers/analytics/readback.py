@@ -99,10 +99,10 @@ class Positions:
         self._starts.clear()
 
     async def assigned(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """On an assignment: where the group's client starts each partition (`_group_start`), for
-        the partitions faust keeps no offset of. Looked up here, while faust's flow is suspended
-        for the rebalance, not when a record comes (awaiting the broker there, between faust
-        handing a record over and its seek, left a partition that was never committed)."""
+        """On an assignment: where the group's client starts each source partition
+        (`_group_starts`), for those faust keeps no offset of. Looked up here, while faust's flow is
+        suspended for the rebalance, not when a record comes, so the agent never waits on the
+        broker between faust handing a record over and its seek."""
         where = list(partitions)
         if not where:
             return
@@ -125,7 +125,7 @@ class Positions:
         if start is None:  # faust keeps none: where the group's client started (`assigned`)
             start = self._starts.get((record.topic, record.partition))
         if start is None or record.offset <= start:
-            return []  # not looked up (a partition of no source), or no hole
+            return []  # not looked up (the broker was away at the assignment), or no hole
         logger.warning(
             "%s[%d]: faust handed over offset %d, the next one is %d: reading the %d records between"
             " back from the topic",
