@@ -122,9 +122,12 @@ class Load:
         }
         codec = make_codec(None)
         producer = Producer(producer_config(connection_config(self.settings)))
-        producer.produce(DOC_UPLOADED, codec.encode(UPLOAD_EVENT, record), self.poison_id.encode())
-        if producer.flush(30) != 0:
-            raise RuntimeError("the poisoned upload was not acknowledged")
+        try:
+            producer.produce(DOC_UPLOADED, codec.encode(UPLOAD_EVENT, record), self.poison_id.encode())
+            if producer.flush(30) != 0:
+                raise RuntimeError("the poisoned upload was not acknowledged")
+        finally:
+            producer.close()
 
     def _sdk(self, publisher: Publisher, i: int, version: int) -> Acked:
         tenant = TENANTS[i % len(TENANTS)]

@@ -13,6 +13,7 @@ a redelivered completion is inserted again): the work in flight at the fault, do
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -161,6 +162,10 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         if pipeline is not None:
             pipeline.stop()  # and a fault still striking starts nothing any more
         cluster.stop(timeout=15)
+        # A Kafka client of this run's cluster still held in a reference cycle (an admin client
+        # and its futures) would go on reconnecting to the stopped brokers, a log line a second
+        # through the next row, until the garbage collector came round to it: released now.
+        gc.collect()
 
 
 def prepare_run(cluster: LocalCluster, home: Path, **settings: str) -> tuple[dict[str, str], Settings, int]:
