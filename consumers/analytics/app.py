@@ -329,7 +329,10 @@ def make_app(
                     await handle(missed)
                 if skipped:  # folded: let faust's commit pass them (it waits for them forever otherwise)
                     acknowledge_read_back(
-                        app.consumer, TP(record.topic, record.partition), [m.offset for m in skipped]
+                        app.consumer,
+                        TP(record.topic, record.partition),
+                        [m.offset for m in skipped],
+                        record.offset,
                     )
             await handle(record)
             positions.seen(record)

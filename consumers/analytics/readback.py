@@ -40,14 +40,20 @@ class Record:
 READ_BACK_TIMEOUT_S = 30.0
 
 
-def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int]) -> None:
+def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int], handed: int) -> None:
     """Mark records read back and folded as acknowledged in faust's commit bookkeeping, as its
     `Consumer.ack` marks a record it handed over: once (its index) and only from the committed
-    offset on, so that its commit passes them. faust may hand some of them over later after all
-    (its seek to the committed offset); they are acknowledged already then and not listed twice.
-    An earlier version marked them as a gap (`_add_gap`), which faust merges into its list of
-    acknowledged offsets without the index: an offset listed twice breaks the run of consecutive
-    offsets its commit takes, and the commit crept on one offset per commit interval.
+    offset on, so that its commit passes them; `handed` is the offset faust handed over after them.
+
+    faust lists an offset twice in two ways, and its commit takes only the first run of consecutive
+    offsets, so each offset listed twice costs a commit interval (about 3 s): a hole of 19 read
+    back held the group's commit back for 55 s, and the idle clock, which waits for the commit,
+    with it. One: its `_new_offset` merges a gap into the acknowledged list without the index, and
+    faust itself marked the hole as a gap when it handed `handed` over (`_drain_messages`: from
+    its last read offset + 1 to `handed`, that one included); the read-back offsets and `handed`
+    are taken out of that gap here, as they are acknowledged one by one. Two: a gap of our own, as
+    an earlier version marked them (`_add_gap`), listed twice each one faust handed over again
+    after its seek; the index prevents that.
     """
     from faust.types.tuples import ack_lock  # faust-internal, as the bookkeeping below
 
@@ -58,6 +64,9 @@ def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int]) -> None:
             if (committed is None or offset >= committed) and offset not in index:
                 index.add(offset)
                 acked.append(offset)
+        gap = consumer._gap[tp]
+        if gap and offsets:
+            gap.chop(min(offsets), handed + 1)
 
 
 class Positions:
@@ -106,12 +115,16 @@ class Positions:
         where = list(partitions)
         if not where:
             return
+        began = time.monotonic()
         try:
             starts = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
         except Exception as exc:  # the broker away: the first records are taken as they come
             logger.warning("could not look up where the group starts %d partitions: %s", len(where), exc)
             return
         self._starts.update(starts)
+        took = time.monotonic() - began
+        if took > 1.0:  # it holds the rebalance: say so when it is slow
+            logger.warning("looked up where the group starts %d partitions in %.1f s", len(where), took)
 
     def seen(self, record: Record) -> None:
         where = (record.topic, record.partition)
