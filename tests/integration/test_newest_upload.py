@@ -84,18 +84,21 @@ def test_a_document_s_current_result_in_every_stage_is_its_latest_upload(
     )
     stage = EmbeddingStage(EmbeddingModel(providers=PROVIDERS), result_topic=embedded)
     handler = stage_handler(stage, blobs, codec)
-    # the text's upload is embedded at once, the scan after its doc.ocr.done: computed last
-    run(
-        Worker(
-            group_id=groups[1],
-            topics=[uploads, ocr_done],
-            handler=handler,
-            decoder=stage_decoder(codec, event_types={ocr_done: "doc.ocr.done"}),
-            connection=connection,
-            runtime=runtime,
-        ),
-        4,
-    )
+    # the text's upload is embedded at once, the scan after its doc.ocr.done: computed last. The
+    # group reads the uploads first and the OCR results after, so that this order does not depend
+    # on which of its two topics a fetch returns first.
+    for read, events in (([uploads], 2), ([ocr_done], 2)):
+        run(
+            Worker(
+                group_id=groups[1],
+                topics=read,
+                handler=handler,
+                decoder=stage_decoder(codec, event_types={ocr_done: "doc.ocr.done"}),
+                connection=connection,
+                runtime=runtime,
+            ),
+            events,
+        )
     thumbs = ThumbnailStage(blobs, ThumbnailSettings(), result_topic=thumbnailed)
     run(
         Worker(
