@@ -23,6 +23,12 @@ def idempotency_key(content_sha256: str, stage: str, version: str) -> str:
     return hashlib.sha256(material).hexdigest()
 
 
+def epoch_ms(moment: datetime) -> int:
+    """`moment` in whole milliseconds since the epoch, rounded to the nearest (as Avro's
+    timestamp-millis carries it): the upload time in a `completion_key`."""
+    return math.floor(moment.timestamp() * 1000 + 0.5)
+
+
 def upload_time(document: DocUploaded | Completion) -> datetime:
     """When the upload a document event is about was accepted: an upload's `uploaded_at`, a
     completion's `upload_at` (copied from its upload)."""
@@ -37,7 +43,7 @@ def completion_key(stage: str, version: str, document: DocUploaded | Completion)
     same fields every time and counts once downstream. `document` is a doc.uploaded, or a
     completion that carries the upload's fields (`upload_at`), as doc.ocr.done does for embeddings.
     """
-    uploaded = math.floor(upload_time(document).timestamp() * 1000 + 0.5)
+    uploaded = epoch_ms(upload_time(document))
     material = "\x00".join(
         [stage, version, document.tenant, document.document_id, str(uploaded), document.content_sha256],
     )

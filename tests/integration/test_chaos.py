@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.ops.chaos.pipeline import log_tail
 from consumers.ops.chaos.runner import RunConfig, run_fault
 
 pytestmark = pytest.mark.kafka
@@ -56,11 +57,7 @@ def test_random_kills_on_three_brokers_lose_nothing_and_duplicate_nothing(
 
 def log_tails(folder: Path, lines: int = 15) -> str:
     """The last lines of each process's log of a run (its folder is kept when it is not clean)."""
-    found = []
-    for log in sorted(folder.glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        found.append(f"\n--- {log.name}\n" + "\n".join(tail))
-    return "".join(found)
+    return "".join(f"\n--- {log.name}\n{log_tail(log, lines)}" for log in sorted(folder.glob("*.log")))
 
 
 def left_running(folder: Path) -> list[int]:

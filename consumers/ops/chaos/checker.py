@@ -29,7 +29,6 @@ And report:
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -41,6 +40,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from consumers.ops.chaos.load import Acked
 from consumers.warehouse.query_server import open_for_queries
+from docstream.idempotency import epoch_ms
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, STAGES, UPLOAD_EVENT
 from schemas.codec import Codec
@@ -160,7 +160,7 @@ def observe(
     for _, offset, _, value in read_topic(bootstrap, DOC_UPLOADED):
         record = codec.decode(UPLOAD_EVENT, value, topic=DOC_UPLOADED)
         if record["tenant"] in tenants and record["document_id"] != poison:
-            uploaded_ms = math.floor(record["uploaded_at"].timestamp() * 1000 + 0.5)
+            uploaded_ms = epoch_ms(record["uploaded_at"])
             events.append(
                 (record["tenant"], record["document_id"], offset, uploaded_ms, record["content_sha256"])
             )

@@ -123,8 +123,12 @@ class Pipeline:
                 process.wait(timeout=10)
 
     def tail(self, name: str, lines: int = 30) -> str:
-        path = self.logs / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail(self.logs / f"{name}.log", lines)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a process's log ("" when there is none)."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
 def environment(base: dict[str, str], **settings: str) -> dict[str, str]:
