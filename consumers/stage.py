@@ -44,7 +44,7 @@ from consumers.runtime.message import Message
 from docstream import faults, logs
 from docstream.blobstore import BlobStore
 from docstream.errors import InvalidEventError
-from docstream.idempotency import completion_key, idempotency_key, upload_time
+from docstream.idempotency import completion_key, idempotency_key
 from docstream.topology import UPLOAD_EVENT
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_completion, validate_upload
 from schemas.codec import Codec
@@ -87,6 +87,12 @@ class Work:
     version: str
     upload_offset: int | None  # the doc.uploaded offset: the warehouse's current row is the latest's
     compute: Compute
+
+
+def upload_time(document: DocUploaded | Completion) -> datetime:
+    """When the upload a document event is about was accepted: an upload's `uploaded_at`, a
+    completion's `upload_at` (copied from its upload)."""
+    return document.uploaded_at if isinstance(document, DocUploaded) else document.upload_at
 
 
 class Inputs:
@@ -289,7 +295,7 @@ class Effects:
         Returned: whether the result was `computed` or `reused`, and whether a completion was emitted.
         """
         key = idempotency_key(document.content_sha256, stage.name, version)  # 1.
-        ckey = completion_key(stage.name, version, document)
+        ckey = completion_key(stage.name, version, document, upload_time(document))
         recorded = self._blobs.get_completion(stage.name, ckey)  # 2.
         outcome = "reused"
         if recorded is not None:

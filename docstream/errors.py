@@ -94,7 +94,7 @@ class BlobStoreError(DocstreamError):
 
 
 class OutboxError(DocstreamError):
-    """The local outbox (`producers.api.outbox`) could not store or read a record."""
+    """The local outbox (`docstream.api.outbox`) could not store or read a record."""
 
 
 class OutboxFull(OutboxError):

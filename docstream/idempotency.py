@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import datetime
-
-from schemas.events import Completion, DocUploaded
+from typing import Protocol
 
 
 def idempotency_key(content_sha256: str, stage: str, version: str) -> str:
@@ -29,21 +28,28 @@ def epoch_ms(moment: datetime) -> int:
     return math.floor(moment.timestamp() * 1000 + 0.5)
 
 
-def upload_time(document: DocUploaded | Completion) -> datetime:
-    """When the upload a document event is about was accepted: an upload's `uploaded_at`, a
-    completion's `upload_at` (copied from its upload)."""
-    return document.uploaded_at if isinstance(document, DocUploaded) else document.upload_at
+class Document(Protocol):
+    """The fields of a document event that name its tenant, id and content: a doc.uploaded has
+    them, and every completion copies them from its upload (schemas.events)."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def document_id(self) -> str: ...
+    @property
+    def content_sha256(self) -> str: ...
 
 
-def completion_key(stage: str, version: str, document: DocUploaded | Completion) -> str:
+def completion_key(stage: str, version: str, document: Document, uploaded_at: datetime) -> str:
     """The key of a stage's completion event for one upload of a document.
 
     An upload is (tenant, document id, upload time, content): the same event redelivered, replayed
     or re-published identically after a timeout has one key, so its completion is emitted with the
     same fields every time and counts once downstream. `document` is a doc.uploaded, or a
-    completion that carries the upload's fields (`upload_at`), as doc.ocr.done does for embeddings.
+    completion that carries the upload's fields, as doc.ocr.done does for embeddings;
+    `uploaded_at` is when that upload was accepted (`consumers.stage.upload_time(document)`).
     """
-    uploaded = epoch_ms(upload_time(document))
+    uploaded = epoch_ms(uploaded_at)
     material = "\x00".join(
         [stage, version, document.tenant, document.document_id, str(uploaded), document.content_sha256],
     )

@@ -8,7 +8,7 @@ request_id). `docstream worker` applies `Settings.log_format` and `Settings.log_
 (DOCSTREAM_LOG_FORMAT, DOCSTREAM_LOG_LEVEL).
 
 `trace_fields(headers)` reads an event's trace context from its Kafka headers: `traceparent`
-(W3C) and `x-request-id`, which the HTTP ingest API puts on every event (producers/api/trace.py).
+(W3C) and `x-request-id`, which the HTTP ingest API puts on every event (docstream/api/trace.py).
 Headers are untrusted: a value that is not well-formed is dropped, never logged.
 """
 

@@ -149,9 +149,9 @@ class AnalyticsSettings(BaseModel):
 
 
 class ScalingSettings(BaseModel):
-    """The scaling policy of every consumer group (consumers/ops/scaling.py, docs/scaling.md).
+    """The scaling policy of every consumer group (consumers/lag/scaling.py, docs/scaling.md).
 
-    `docstream lag` and the exporter turn it into a `ScalingConfig` (`consumers.ops.lag.scaling_config`).
+    `docstream lag` and the exporter turn it into a `ScalingConfig` (`consumers.lag.scaling_config`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -181,7 +181,7 @@ class ScalingSettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
-    """The HTTP ingest API (producers/api, `docstream api serve`; docs/api.md)."""
+    """The HTTP ingest API (docstream/api, `docstream api serve`; docs/api.md)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -37,6 +37,9 @@ class StageSpec:
     result_event:  the event type of its completion events (schemas/<type with _>/vN.avsc)
     module:        the module with its `build_stage(settings, blobs)` (models load there, once
                    per process) and `stage_version(settings)` (without loading any model)
+    rollup_columns: whether the warehouse's rollups table has count / sum / p50 / p95 columns of
+                   its own for the stage (`<name>_count` ..., added by a migration); every stage's
+                   latency sketch is in the table's `sketch` column either way
     """
 
     name: str
@@ -44,6 +47,7 @@ class StageSpec:
     result_topic: str
     result_event: str
     module: str
+    rollup_columns: bool = False
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -51,13 +55,21 @@ class StageSpec:
 
 
 STAGES: tuple[StageSpec, ...] = (
-    StageSpec("ocr", ((DOC_UPLOADED, UPLOAD_EVENT),), OCR_DONE, "doc.ocr.done", "consumers.ocr.worker"),
+    StageSpec(
+        "ocr",
+        ((DOC_UPLOADED, UPLOAD_EVENT),),
+        OCR_DONE,
+        "doc.ocr.done",
+        "consumers.ocr.worker",
+        rollup_columns=True,
+    ),
     StageSpec(
         "embeddings",
         ((DOC_UPLOADED, UPLOAD_EVENT), (OCR_DONE, "doc.ocr.done")),
         EMBEDDED,
         "doc.embedded",
         "consumers.embeddings.worker",
+        rollup_columns=True,
     ),
     StageSpec(
         "thumbnails",
@@ -65,6 +77,7 @@ STAGES: tuple[StageSpec, ...] = (
         THUMBNAILED,
         "doc.thumbnailed",
         "consumers.thumbnails.worker",
+        rollup_columns=True,
     ),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)

@@ -25,13 +25,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from docstream.errors import DocstreamError, PublishTimeout
-from producers.delivery import DeliveryFuture, DeliveryResult
-
-if TYPE_CHECKING:  # a type only: the publisher imports this module
-    from producers.publisher import PublishedDocument
+from producers.delivery import DeliveryFuture, DeliveryResult, PublishedDocument
 
 DEFAULT_MAX_IN_FLIGHT = 64
 

@@ -1,4 +1,5 @@
-"""Delivery outcomes: what the broker said about one produced event.
+"""Delivery outcomes: what the broker said about one produced event (`DeliveryResult`,
+`DeliveryFuture`), and about one published document (`PublishedDocument`).
 
 `DeliveryFuture` is settled by librdkafka's delivery report, which runs inside whatever
 thread calls the producer's `poll`/`flush`. It is deliberately lean (see
@@ -41,6 +42,21 @@ class DeliveryResult:
     offset: int
     timestamp_ms: int
     latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedDocument:
+    """A document stored in the blob store and announced on `doc.uploaded`."""
+
+    document_id: str
+    tenant: str
+    content_sha256: str
+    size_bytes: int
+    content_type: str
+    blob_uri: str
+    stored: bool  # False: the same content was already in the blob store (deduplicated)
+    traceparent: str
+    delivery: DeliveryResult
 
 
 Report = tuple[str | None, int | None, int | None, int, float | None]

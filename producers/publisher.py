@@ -34,9 +34,9 @@ unsupported content type or a bad id is refused with InvalidEventError.
 
 Over 400 lines because it is one thing, the `Publisher` class: its event paths, its document paths
 (store, then publish) and its delivery bookkeeping share one producer and its state, so they stay
-together; what is pure already lives beside it (`producers.delivery`: futures and delivery
-errors; `producers.events`: the doc.uploaded record, ids and content types; `producers.batch`:
-a batch's window of documents in flight and its outcomes).
+together; what is pure already lives beside it (`producers.delivery`: futures, delivery errors
+and `PublishedDocument`; `producers.events`: the doc.uploaded record, ids and content types;
+`producers.batch`: a batch's window of documents in flight and its outcomes).
 """
 
 from __future__ import annotations
@@ -71,7 +71,14 @@ from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from docstream.validation import DEFAULT_LIMITS, Limits, validate_upload
 from producers.batch import DEFAULT_MAX_IN_FLIGHT, DocumentOutcome, DocumentUpload, Sent, publish_batch
-from producers.delivery import WAIT_SLICE_S, DeliveryCallback, DeliveryFuture, DeliveryResult, delivery_error
+from producers.delivery import (
+    WAIT_SLICE_S,
+    DeliveryCallback,
+    DeliveryFuture,
+    DeliveryResult,
+    PublishedDocument,
+    delivery_error,
+)
 from producers.events import (
     DOC_UPLOADED_EVENT,
     RandomBytes,
@@ -92,21 +99,6 @@ _KEPT_FAILURES = 10  # failed fire-and-forget deliveries described in flush()'s 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedDocument:
-    """A document stored in the blob store and announced on `doc.uploaded`."""
-
-    document_id: str
-    tenant: str
-    content_sha256: str
-    size_bytes: int
-    content_type: str
-    blob_uri: str
-    stored: bool  # False: the same content was already in the blob store (deduplicated)
-    traceparent: str
-    delivery: DeliveryResult
 
 
 @dataclass(frozen=True, slots=True)

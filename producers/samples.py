@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
+from producers.delivery import PublishedDocument
 from producers.documents import SAMPLE_TEXTS, broken_pdf, scanned_pdf, text_pdf
-from producers.publisher import PublishedDocument, Publisher
+from producers.publisher import Publisher
 
 
 @dataclass(frozen=True)

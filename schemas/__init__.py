@@ -9,6 +9,7 @@ of `doc.uploaded`). The modules:
   `from_record` / `to_record`; generated from the latest schemas by `generate`
   (`python -m schemas.generate`; a unit test fails when the two differ).
 - `registry`: the same through a Confluent Schema Registry (imported only when one is configured).
+- `wire`: what the two wire formats share: the headers, and a record written (compiled or checked).
 - `compat`: the registry's compatibility rules, as a pure function (`docstream schemas check`).
 - `avro`: schema parsing and the validity checks fastavro leaves out.
 - `guard`: the record checks fastavro's writer leaves out (compiled once per schema).

@@ -15,6 +15,8 @@ take timezone-aware datetimes or epoch milliseconds and come back as aware UTC d
 Records are written by the schema's compiled writer (`schemas.compiled`, made once per schema),
 which takes the common case, exactly typed records, and leaves anything else to the checked path
 it replaced, `schemas.guard` and fastavro's writer: the same bytes either way, and the same errors.
+Both codecs write through `schemas.wire`, which holds what the two formats share; the registry
+codec imports it, not this module, so that the two codecs do not import each other.
 
 Errors are docstream's: `SchemaError` when a record does not fit its schema on encode,
 `DecodeError` (carrying the event's coordinates, e.g. "doc.uploaded[3]@1234") when bytes cannot
@@ -27,13 +29,17 @@ import io
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import schemaless_reader
 
-from docstream.errors import DecodeError, SchemaError
+from docstream.errors import DecodeError
 from schemas.catalog import SINGLE_OBJECT_MARKER, Catalog, SchemaVersion, catalog
-
-SINGLE_OBJECT_HEADER_SIZE = len(SINGLE_OBJECT_MARKER) + 8
-CONFLUENT_MAGIC = b"\x00"
+from schemas.wire import (
+    CONFLUENT_MAGIC,
+    SINGLE_OBJECT_HEADER_SIZE,
+    checked_write,
+    compiled_write,
+    peek_fingerprint,
+)
 
 
 class Codec(Protocol):
@@ -63,45 +69,6 @@ def make_codec(schema_registry_url: str | None, *, schema_catalog: Catalog | Non
 
         return RegistryCodec(schema_registry_url, schema_catalog=schema_catalog)
     return SingleObjectCodec(schema_catalog)
-
-
-def peek_fingerprint(data: bytes) -> int | None:
-    """The writer fingerprint of single-object encoded bytes, or None if they are not that."""
-    if len(data) < SINGLE_OBJECT_HEADER_SIZE or data[:2] != SINGLE_OBJECT_MARKER:
-        return None
-    return int.from_bytes(data[2:SINGLE_OBJECT_HEADER_SIZE], "little")
-
-
-def check_record(writer: SchemaVersion, record: Mapping[str, Any]) -> None:
-    """Refuse what the writer would coerce silently (see schemas.guard); SchemaError."""
-    if writer.guard is not None:
-        writer.guard(record, "")
-
-
-def compiled_write(writer: SchemaVersion, record: Mapping[str, Any], prefix: bytes) -> bytes | None:
-    """`prefix` and the datum, by the compiled writer; None where it leaves the record to the
-    checked path (which writes the same bytes, or raises the error it always raised)."""
-    write = writer.write
-    if write is None:
-        return None
-    try:
-        return write(record, prefix)
-    except Exception:  # anything the compiled writer does not take on exactly
-        return None
-
-
-def checked_write(writer: SchemaVersion, record: Mapping[str, Any], prefix: bytes) -> bytes:
-    """`prefix` and the datum, by the guard and fastavro's writer: the reference path, and the one
-    every error of an encode comes from."""
-    check_record(writer, record)
-    out = io.BytesIO()
-    out.write(prefix)
-    try:
-        # strict_allow_default: refuse unknown fields, and missing fields that have no default.
-        schemaless_writer(out, writer.parsed, record, strict_allow_default=True)
-    except Exception as exc:  # fastavro raises ValueError, TypeError, OverflowError ...
-        raise SchemaError(f"{writer.label}: record does not fit the schema: {exc}") from exc
-    return out.getvalue()
 
 
 class SingleObjectCodec:

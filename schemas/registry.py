@@ -34,7 +34,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from docstream.errors import ConfigurationError, DecodeError, SchemaError
 from schemas.catalog import SINGLE_OBJECT_MARKER, Catalog, SchemaVersion, catalog
-from schemas.codec import CONFLUENT_MAGIC, check_record, compiled_write
+from schemas.wire import CONFLUENT_MAGIC, check_record, compiled_write
 
 CONFLUENT_HEADER_SIZE = 5
 HTTP_NOT_FOUND = 404

@@ -84,7 +84,7 @@ from consumers.analytics.faust_flush import drain_table_writes_on_flush
 from consumers.analytics.readback import Positions, Record, acknowledge_read_back
 from consumers.analytics.rollups import Rollup
 from consumers.analytics.windows import DEFAULT_LATENESS_MS, DEFAULT_WINDOW_SIZES_MS, WindowFold
-from consumers.ops.lag import offset_lag
+from consumers.lag.reader import offset_lag
 from docstream.errors import DocstreamError
 from docstream.topology import (
     ANALYTICS_CLOCK,

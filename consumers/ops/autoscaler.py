@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers.ops.lag import GroupLag, LagSnapshot
+from consumers.lag.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
+from consumers.lag.snapshot import GroupLag, LagSnapshot
 from consumers.ops.launcher import Child, Launcher, ScaledGroup
-from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
 from docstream.errors import DocstreamError
 
 __all__ = [

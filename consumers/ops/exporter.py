@@ -1,4 +1,4 @@
-"""The lag exporter: the lag model of `consumers.ops.lag.LagMonitor` as Prometheus metrics.
+"""The lag exporter: the lag model of `consumers.lag.LagMonitor` as Prometheus metrics.
 
 A background thread refreshes the monitor every `interval_s` (default 5 s); an HTTP server
 answers `/metrics` (Prometheus text exposition of the latest snapshot) and `/healthz` (200 when
@@ -29,7 +29,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from consumers.ops.lag import HealthStatus, LagMonitor, LagSnapshot
+from consumers.lag.health import HealthStatus
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.snapshot import LagSnapshot
 from docstream.errors import ConfigurationError
 from docstream.settings import Settings
 
@@ -88,7 +90,7 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "docstream_consumer_group_desired_replicas": (
         ("group",),
-        "Replicas the scaling policy wants for the group (consumers.ops.scaling)",
+        "Replicas the scaling policy wants for the group (consumers.lag.scaling)",
     ),
     "docstream_consumer_group_hpa_signal": (
         ("group",),

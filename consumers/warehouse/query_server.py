@@ -58,7 +58,7 @@ from consumers.warehouse.http_interface import (
     check_credentials,
 )
 from consumers.warehouse.sql_guard import split_output_format
-from consumers.warehouse.store import ClickHouseRefusal, Queries, Warehouse
+from consumers.warehouse.store import ClickHouseRefusal, Warehouse
 from docstream.errors import ConfigurationError, TransientError
 
 log = logging.getLogger(__name__)
@@ -311,12 +311,3 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(text)
     os.replace(temporary, path)
-
-
-@contextmanager
-def open_for_queries(url: str) -> Iterator[Queries]:
-    """consumers.warehouse.query_client.open_for_queries: the owner when one answers, else the warehouse."""
-    from consumers.warehouse.query_client import open_for_queries as opened
-
-    with opened(url) as queries:
-        yield queries

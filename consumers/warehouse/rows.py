@@ -18,6 +18,7 @@ from typing import Any
 from consumers.runtime import headers as hdr
 from docstream import validation
 from docstream.errors import InvalidEventError
+from docstream.topology import STAGES
 from docstream.validation import DEFAULT_LIMITS, Limits
 from schemas.events import Completion, DocEmbedded, DocOcrDone, DocUploaded
 
@@ -79,9 +80,10 @@ DEAD_LETTER_COLUMNS = (
     "dead_lettered_at",
 )
 # The stages with count / sum / p50 / p95 columns of their own in the rollups table (migrations 002
-# and 003). Every declared stage's latency sketch is kept in its `sketch` JSON column, so a stage
-# added later is in the rollups without a migration; give it columns by a migration and name it here.
-ROLLUP_COLUMN_STAGES = ("ocr", "embeddings", "thumbnails")
+# and 003; `StageSpec.rollup_columns`). Every declared stage's latency sketch is kept in its `sketch`
+# JSON column, so a stage added later is in the rollups without a migration; give it columns by a
+# migration and say so in its StageSpec.
+ROLLUP_COLUMN_STAGES = tuple(spec.name for spec in STAGES if spec.rollup_columns)
 ROLLUP_COLUMNS = (
     "window_size_s",
     "window_start",

@@ -1,7 +1,7 @@
 """`docstream api serve` runs the HTTP ingest API; `docstream api keys create|list|revoke` manage its
-keys, per tenant (producers/api, docs/api.md).
+keys, per tenant (docstream/api, docs/api.md).
 
-The keys live in `producers.api.keys.KeyStore`, at `DOCSTREAM_API__KEYS_DB` (default
+The keys live in `docstream.api.keys.KeyStore`, at `DOCSTREAM_API__KEYS_DB` (default
 `<home>/api/keys.db`), hashed. `create` prints a new key once: it cannot be shown again. `list`
 shows ids, tenants, labels and times, never a key. `revoke` takes a key id; an unknown one is an
 error (exit 2), one revoked before is said so (exit 0).
@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from docstream.api.keys import KeyInfo, KeyStore
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
-from producers.api.keys import KeyInfo, KeyStore
 
 app = typer.Typer(no_args_is_help=True, help="The HTTP ingest API: serve it, manage its keys.")
 keys = typer.Typer(no_args_is_help=True, help="API keys per tenant: create, list and revoke them.")
@@ -41,9 +41,9 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the ingest API until SIGTERM / SIGINT (requests in progress finish first)."""
+    from docstream.api.server import bind, server, url_of
+    from docstream.api.service import ApiService
     from docstream.kafka.connection import shown_on
-    from producers.api.server import bind, server, url_of
-    from producers.api.service import ApiService
 
     s = settings()
     sock = bind(host or s.api.host, s.api.port if port is None else port)
@@ -53,7 +53,7 @@ def serve(
         f"api: {url_of(sock)} (OpenAPI {url_of(sock)}/docs, health {url_of(sock)}/health);"
         f" keys {s.api_keys_db}; state {s.api_state_dir}; Ctrl-C stops"
     )
-    api_log = logging.getLogger("producers.api")
+    api_log = logging.getLogger("docstream.api")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     api_log.addHandler(handler)

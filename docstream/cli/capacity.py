@@ -4,7 +4,7 @@ service time on this machine, and the `plan` line it gives.
 `plan` takes an arrival rate, one replica's mean service time (and its p99) and an objective (the
 mean wait an event may have before a replica starts on it) and prints utilisation, the M/M/1,
 pooled (Erlang C) and split waits, the backlog, the per-replica lag target, the replicas needed
-and max.poll.interval.ms (`consumers.ops.capacity.queueing`); `--from-lag GROUP` reads the rates
+and max.poll.interval.ms (`consumers.lag.queueing`); `--from-lag GROUP` reads the rates
 from the live lag model instead. docs/capacity.md has the formulas.
 """
 
@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consumers.ops.capacity.queueing import Plan, PlanInputs, plan
+from consumers.lag.queueing import Plan, PlanInputs, plan
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 from docstream.settings import RuntimeSettings, Settings
+from docstream.topology import STAGE_NAMES
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")]
 
@@ -137,7 +138,7 @@ def plan_command(
 
 def _from_lag(s: Settings, group: str, interval: float, service_time: float | None) -> dict[str, Any]:
     """λ, S, members and partitions of `group` from two samples of the lag model."""
-    from consumers.ops.lag import LagMonitor  # the Kafka client loads only for --from-lag
+    from consumers.lag.monitor import LagMonitor  # the Kafka client loads only for --from-lag
     from docstream.cli.lag import _check_found, _check_local_broker
 
     _check_local_broker(s)
@@ -294,7 +295,7 @@ def plan_line(mean_s: float, p99_s: float, arrival_rate: float, objective_s: flo
 
 @reports_errors
 def measure_command(
-    stage: Annotated[str, typer.Argument(help="ocr, embeddings or thumbnails")],
+    stage: Annotated[str, typer.Argument(help=f"one of {', '.join(STAGE_NAMES)}")],
     documents: Annotated[
         int, typer.Option("--documents", "-n", min=1, help="documents to time (the samples, cycled)")
     ] = 20,

@@ -21,8 +21,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from consumers.lag.health import HealthStatus
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
 from consumers.ops.exporter import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT, serve_exporter
-from consumers.ops.lag import GroupLag, HealthStatus, LagMonitor, LagSnapshot, PartitionLag
 from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 from docstream.settings import Settings

@@ -29,7 +29,8 @@ from docstream.cli._common import console, local_connection, print_json, reports
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED
 from producers.batch import DEFAULT_MAX_IN_FLIGHT, DocumentOutcome, DocumentUpload
-from producers.publisher import PublishedDocument, Publisher
+from producers.delivery import PublishedDocument
+from producers.publisher import Publisher
 
 CLI_PRODUCER_OVERRIDES = {
     # Short timeouts: a person is waiting, and a broker that does not answer in seconds will

@@ -31,11 +31,12 @@ from rich.table import Table
 from consumers.analytics import report
 from consumers.analytics.process import AnalyticsProcess, analytics_worker
 from consumers.groups import WORKER_GROUPS, WorkerOptions, build_sink, build_worker
+from consumers.lag.model import scaling_config
+from consumers.lag.reader import offset_lag
+from consumers.lag.scaling import ScalingConfig
 from consumers.ops.exporter import serve_exporter
-from consumers.ops.lag import offset_lag, scaling_config
 from consumers.ops.launcher import ScaledGroup
-from consumers.ops.scaling import ScalingConfig
-from consumers.pipeline import (
+from consumers.ops.pipeline import (
     RollupWait,
     dead_letter_reasons,
     run_autoscaled,
@@ -48,6 +49,7 @@ from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.search import search
 from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import Warehouse
+from docstream.api.keys import KeyStore
 from docstream.blobstore import BlobStore
 from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
@@ -63,9 +65,7 @@ from docstream.topology import (
 )
 from infra import cluster as local_cluster
 from infra.topics import ensure_topics
-from producers.api.keys import KeyStore
-from producers.delivery import DeliveryResult
-from producers.publisher import PublishedDocument
+from producers.delivery import DeliveryResult, PublishedDocument
 from producers.samples import publish_samples, sample_documents
 
 
@@ -83,7 +83,7 @@ def up(
     autoscale: bool = typer.Option(
         False,
         "--autoscale",
-        help="run ocr, embeddings and thumbnails as worker processes, scaled per group by the scaling policy",
+        help=f"run {', '.join(WORKER_GROUPS)} as worker processes, scaled per group by the scaling policy",
     ),
     min_replicas: int | None = typer.Option(
         None,
@@ -156,8 +156,8 @@ def _serve_api(s: Settings, enabled: bool, port: int | None) -> Iterator[str | N
     if not enabled:
         yield None
         return
-    from producers.api.server import serve_in_thread
-    from producers.api.service import ApiService
+    from docstream.api.server import serve_in_thread
+    from docstream.api.service import ApiService
 
     port = s.api.port if port is None else port
     with serve_in_thread(ApiService.from_settings(s), s.api.host, port) as served:
@@ -179,7 +179,7 @@ def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int |
 def _up_autoscaled(
     s: Settings, scaling: ScalingConfig, warehouse: Warehouse, analytics: AnalyticsProcess, exporter_url: str
 ) -> None:
-    """`up --autoscale` (consumers.pipeline.run_autoscaled), with the autoscaler's log on the console."""
+    """`up --autoscale` (consumers.ops.pipeline.run_autoscaled), with the autoscaler's log on the console."""
     handler = _ConsoleLog()
     autoscaler_log = logging.getLogger("consumers.ops.autoscaler")
     autoscaler_log.addHandler(handler)
@@ -457,7 +457,7 @@ def _print_summary(
     blobs = BlobStore(s.blob_root)
     results = {name: {e["document_id"]: e for e in events} for name, events in stage_results(s, ids).items()}
     dead = {name: dead_letter_reasons(s, group_id(name, s.group_prefix)) for name in WORKER_GROUPS}
-    table = Table(title="sample documents through the ocr, embeddings and thumbnails groups")
+    table = Table(title=f"sample documents through the {', '.join(WORKER_GROUPS)} groups")
     for column in ("document", "tenant", "at", "pages", "OCR / text excerpt", "chunks", "thumbnails"):
         table.add_column(column, overflow="fold")
     for name, doc in published:

@@ -39,12 +39,12 @@ from typing import Any
 import requests
 from confluent_kafka import Consumer, TopicPartition
 
+from docstream.api.keys import KeyStore
+from docstream.api.server import serve_in_thread
+from docstream.api.service import ApiService
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, declared_topics
 from infra.topics import ensure_topics
-from producers.api.keys import KeyStore
-from producers.api.server import serve_in_thread
-from producers.api.service import ApiService
 from producers.documents import scanned_pdf
 
 RATE = 20.0  # requests per second, both endpoints together

@@ -37,8 +37,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     OffsetSpec,
 )
 
-from consumers.ops.lag import GroupTarget, LagMonitor
-from consumers.ops.scaling import ScalingConfig
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.targets import GroupTarget
 
 GROUPS = 10
 PARTITIONS = 64

@@ -18,14 +18,14 @@ from kafka_helpers import private_broker
 
 from consumers.analytics.process import analytics_worker
 from consumers.groups import WORKER_GROUPS, build_sink, build_worker
-from consumers.pipeline import run_until_caught_up
+from consumers.ops.pipeline import run_until_caught_up
 from consumers.warehouse.store import Warehouse
+from docstream.api.keys import KeyStore
+from docstream.api.server import serve_in_thread
+from docstream.api.service import ApiService
 from docstream.cli.warehouse import DDL_DIR
 from docstream.settings import ApiSettings, Settings
 from infra.broker import LocalBroker
-from producers.api.keys import KeyStore
-from producers.api.server import serve_in_thread
-from producers.api.service import ApiService
 from producers.documents import text_pdf
 
 pytestmark = pytest.mark.kafka

@@ -15,12 +15,12 @@ import requests
 from confluent_kafka import Consumer, TopicPartition
 from kafka_helpers import private_broker
 
+from docstream.api.keys import KeyStore
+from docstream.api.server import ServedApi, serve_in_thread
+from docstream.api.service import ApiService
 from docstream.settings import ApiSettings, LimitSettings, Settings
 from docstream.topology import DOC_UPLOADED
 from infra.broker import LocalBroker
-from producers.api.keys import KeyStore
-from producers.api.server import ServedApi, serve_in_thread
-from producers.api.service import ApiService
 from producers.documents import broken_pdf, text_pdf
 from schemas.codec import make_codec
 

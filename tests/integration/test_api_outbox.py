@@ -27,12 +27,12 @@ import requests
 from confluent_kafka import Message
 from kafka_helpers import private_broker, read_partitions
 
+from docstream.api.keys import KeyStore
+from docstream.api.server import ServedApi, serve_in_thread
+from docstream.api.service import ApiService
 from docstream.settings import ApiSettings, Settings
 from docstream.topology import DOC_UPLOADED
 from infra.broker import LocalBroker
-from producers.api.keys import KeyStore
-from producers.api.server import ServedApi, serve_in_thread
-from producers.api.service import ApiService
 from producers.documents import text_pdf
 
 pytestmark = pytest.mark.kafka

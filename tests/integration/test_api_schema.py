@@ -32,12 +32,12 @@ import pytest
 import requests
 from kafka_helpers import private_broker
 
+from docstream.api.keys import KeyStore
+from docstream.api.registry import DONE
+from docstream.api.server import ServedApi, serve_in_thread
+from docstream.api.service import ApiService
 from docstream.settings import ApiSettings, LimitSettings, Settings
 from infra.broker import LocalBroker
-from producers.api.keys import KeyStore
-from producers.api.registry import DONE
-from producers.api.server import ServedApi, serve_in_thread
-from producers.api.service import ApiService
 from producers.documents import text_pdf
 
 pytestmark = pytest.mark.kafka

@@ -41,11 +41,11 @@ from consumers.analytics.rollups import Rollup, current_rows
 from consumers.analytics.sketch import LatencySketch
 from consumers.groups import build_sink
 from consumers.warehouse.store import Warehouse
+from docstream.api.keys import KeyStore
 from docstream.cli.warehouse import DDL_DIR
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, ROLLUPS
 from infra.broker import LocalBroker, free_port
-from producers.api.keys import KeyStore
 from producers.documents import text_pdf
 
 pytestmark = pytest.mark.kafka

@@ -1,4 +1,4 @@
-"""producers.api.tracker against a real broker: completions, dead letters and redrives of the
+"""docstream.api.tracker against a real broker: completions, dead letters and redrives of the
 registered documents land in the registry, other documents are ignored, and a new tracker on the
 same registry resumes at the stored positions (nothing read twice, nothing missed)."""
 
@@ -16,6 +16,8 @@ from confluent_kafka import Producer, TopicPartition
 
 from consumers.ops.dlq.entries import RedriveStep, encode_history
 from consumers.runtime import headers as hdr
+from docstream.api.registry import DONE, FAILED, DocumentRow, Registry
+from docstream.api.tracker import Tracker
 from docstream.kafka import clients
 from docstream.kafka.config import connection_config
 from docstream.kafka.connection import ConnectionWatch
@@ -34,8 +36,6 @@ from docstream.topology import (
 )
 from infra.broker import free_port
 from infra.topics import delete_topics, ensure_topics
-from producers.api.registry import DONE, FAILED, DocumentRow, Registry
-from producers.api.tracker import Tracker
 from schemas.codec import Codec, make_codec
 
 UPLOADED_AT = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """The API's cluster watch samples in a child process: an abort there costs one sample, not the API.
 
 librdkafka 2.16 can abort the process that holds an admin client when a broker goes away under a
-request in flight (producers/api/watch.py). These tests SIGABRT the sampling child the way such an
+request in flight (docstream/api/watch.py). These tests SIGABRT the sampling child the way such an
 abort ends it, on the session's real broker, and check that the watch logs the end once, keeps its
 last sample for admission, starts a new child that samples again, and that a child whose parent
 was SIGKILLed exits on its own instead of lingering.
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from consumers.ops.lag.targets import resolve_targets
+from consumers.lag.targets import resolve_targets
+from docstream.api import watch as watch_module
+from docstream.api.admission import AdmissionControl, Quota
+from docstream.api.watch import ClusterWatch, SamplerProcess, SamplerSpec
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, STAGE_NAMES, declared_topics, group_id
 from infra.topics import ensure_topics
-from producers.api import watch as watch_module
-from producers.api.admission import AdmissionControl, Quota
-from producers.api.watch import ClusterWatch, SamplerProcess, SamplerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +109,7 @@ def test_the_sampling_process_exits_when_the_api_process_is_sigkilled(settings: 
     script = """
 import pickle
 import sys
-from producers.api.watch import SamplerProcess
+from docstream.api.watch import SamplerProcess
 sampler = SamplerProcess(pickle.loads(bytes.fromhex(sys.argv[1])))
 sampler.sample(after_outage=False)
 print(sampler.pid, flush=True)

@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.snapshot import GroupLag, LagSnapshot
+from consumers.lag.targets import GroupTarget
 from consumers.ops.autoscaler import Autoscaler, GroupStatus
-from consumers.ops.lag import GroupLag, GroupTarget, LagMonitor, LagSnapshot
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup
-from consumers.ops.scaling import ScalingConfig
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from consumers.ops.lag import offset_lag
+from consumers.lag.reader import offset_lag
 
 
 def test_offset_lag_counts_what_the_group_has_not_committed(

@@ -21,9 +21,11 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from consumers.lag.health import HealthStatus
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.targets import GroupTarget
 from consumers.ops.exporter import METRIC_NAMES, serve_exporter
-from consumers.ops.lag import GroupTarget, HealthStatus, LagMonitor
-from consumers.ops.scaling import ScalingConfig
 from docstream.cli import app
 from docstream.settings import Settings
 

@@ -1,4 +1,4 @@
-"""The outbox (producers.api.outbox) relaying to a real broker of this module's own.
+"""The outbox (docstream.api.outbox) relaying to a real broker of this module's own.
 
 (a) Records put while the broker is stopped wait in the outbox and are relayed once it is back:
     every record on the topic exactly once (a clean restart), each key's records in the order
@@ -25,9 +25,9 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 from kafka_helpers import create_topics, own_broker, value_of
 
+from docstream.api.outbox import Outbox, OutboxRelay
 from docstream.kafka.connection import ConnectionWatch
 from infra.broker import LocalBroker
-from producers.api.outbox import Outbox, OutboxRelay
 from producers.publisher import Publisher
 
 pytestmark = pytest.mark.kafka
@@ -38,7 +38,7 @@ KEYS = 5
 RELAY_PROCESS = """
 import sys
 from pathlib import Path
-from producers.api.outbox import Outbox
+from docstream.api.outbox import Outbox
 from producers.publisher import Publisher
 
 outbox = Outbox(Path(sys.argv[1]), max_records=100_000)
@@ -112,7 +112,7 @@ def test_records_put_while_the_broker_is_stopped_are_relayed_once_in_order_after
     publisher = Publisher({"bootstrap.servers": broker.bootstrap}, linger_ms=0, overrides=quiet)
     relay = OutboxRelay(outbox, publisher, idle_s=0.2, unreachable_after_s=2.0, max_backoff_s=1.0)
     try:
-        with caplog.at_level(logging.INFO, logger="producers.api.outbox"), relay:
+        with caplog.at_level(logging.INFO, logger="docstream.api.outbox"), relay:
             put_numbered(outbox, topic, range(20))
             wait_until(lambda: outbox.depth == 0, 20, "relaying while the broker is up")
 
@@ -123,7 +123,7 @@ def test_records_put_while_the_broker_is_stopped_are_relayed_once_in_order_after
             assert outbox.depth == 100
             broker.start(timeout=90)
             wait_until(lambda: outbox.depth == 0, 40, "relaying after the restart")
-        lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "producers.api.outbox"]
+        lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "docstream.api.outbox"]
         assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
         # no line per failed connect from the relay's librdkafka (a client another test left behind
         # in this process may print its own: not this test's subject)

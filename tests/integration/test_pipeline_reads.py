@@ -1,6 +1,6 @@
 """What `docstream demo` reads back through library calls, on the real broker: a topic to its end
 (docstream.kafka.ranges.read_topic) and a group's dead-letter reasons by document
-(consumers.pipeline.dead_letter_reasons)."""
+(consumers.ops.pipeline.dead_letter_reasons)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 from confluent_kafka import Producer
 from kafka_helpers import create_topics
 
-from consumers.pipeline import dead_letter_reasons
+from consumers.ops.pipeline import dead_letter_reasons
 from consumers.runtime import headers as hdr
 from docstream.kafka.ranges import read_topic
 from docstream.settings import Settings

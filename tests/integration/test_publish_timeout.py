@@ -81,6 +81,7 @@ def test_a_timed_out_publish_published_again_is_one_upload_downstream(
         (row[1], row[0], row[5]) for row in rows
     }  # the uploads table's key: tenant, document, uploaded_at
     assert len(identity) == 1  # one `uploads` row: (tenant, document, uploaded_at) is its key
+    uploads = [DocUploaded.from_record(event) for event in events]
     assert (
-        len({completion_key("ocr", "v1", DocUploaded.from_record(event)) for event in events}) == 1
+        len({completion_key("ocr", "v1", u, u.uploaded_at) for u in uploads}) == 1
     )  # one completion per stage

@@ -27,8 +27,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from typer.testing import CliRunner
 from warehouse_owner import http_query
 
-from consumers.warehouse.query_client import OwnerQueries
-from consumers.warehouse.query_server import Endpoint, open_for_queries, serve_queries
+from consumers.warehouse.query_client import OwnerQueries, open_for_queries
+from consumers.warehouse.query_server import Endpoint, serve_queries
 from consumers.warehouse.sql_guard import (
     HARMLESS_TABLE_FUNCTIONS,
     TABLE_FUNCTIONS,

@@ -1,5 +1,5 @@
 """The ingest API's trace context through a stage on a real broker: an upload carrying the
-`traceparent` and `x-request-id` headers the API puts on it (producers/api/trace.py) and whose
+`traceparent` and `x-request-id` headers the API puts on it (docstream/api/trace.py) and whose
 bytes do not match its hash is dead-lettered with both headers unchanged; the worker's JSON log
 lines, for it and for a sound upload handled next to it, carry the same trace id and request id,
 and `docstream dlq list --json` shows them."""
@@ -29,10 +29,10 @@ from consumers.runtime import headers as hdr
 from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream import logs
+from docstream.api.trace import trace_context
 from docstream.blobstore import BlobStore
 from docstream.cli import app
 from docstream.settings import RetryPolicy, RuntimeSettings, ThumbnailSettings
-from producers.api.trace import trace_context
 from schemas.codec import make_codec
 
 pytestmark = pytest.mark.kafka

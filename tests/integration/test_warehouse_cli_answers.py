@@ -16,7 +16,8 @@ from typer.testing import CliRunner, Result
 from warehouse_owner import NOW_MS, fill
 
 from consumers.analytics.sketch import LatencySketch
-from consumers.warehouse.query_server import open_for_queries, serve_queries
+from consumers.warehouse.query_client import open_for_queries
+from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.rows import ROLLUP_COLUMNS, ROLLUPS_TABLE
 from consumers.warehouse.search import NOTHING_INDEXED, search
 from consumers.warehouse.store import Warehouse

@@ -27,8 +27,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError, ProgrammingError
 from typer.testing import CliRunner, Result
 from warehouse_owner import http_query
 
-from consumers.warehouse.query_client import OwnerQueries
-from consumers.warehouse.query_server import Endpoint, endpoint_path, open_for_queries, serve_queries
+from consumers.warehouse.query_client import OwnerQueries, open_for_queries
+from consumers.warehouse.query_server import Endpoint, endpoint_path, serve_queries
 from consumers.warehouse.search import search
 from consumers.warehouse.store import Warehouse
 from docstream.cli import app

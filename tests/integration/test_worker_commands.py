@@ -38,8 +38,9 @@ from docstream.settings import RuntimeSettings
 from docstream.topology import DOC_UPLOADED, THUMBNAILED, declared_topics, group_id
 from infra.broker import LocalBroker
 from infra.topics import ensure_topics
+from producers.delivery import PublishedDocument
 from producers.documents import text_pdf
-from producers.publisher import PublishedDocument, Publisher
+from producers.publisher import Publisher
 from schemas.codec import make_codec
 
 pytestmark = pytest.mark.kafka

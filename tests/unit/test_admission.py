@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from consumers.ops.health import HealthStatus
-from consumers.ops.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
-from producers.api.admission import MAX_RETRY_AFTER_S, AdmissionControl, Priority, Quota
+from consumers.lag.health import HealthStatus
+from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
+from docstream.api.admission import MAX_RETRY_AFTER_S, AdmissionControl, Priority, Quota
 
 TOPIC = "doc.uploaded"
 

@@ -1,4 +1,4 @@
-"""API keys (producers/api/keys.py) and `docstream api keys`: hashed at rest, verified in constant
+"""API keys (docstream/api/keys.py) and `docstream api keys`: hashed at rest, verified in constant
 time, None for anything hostile, revocable, listed without secrets, private on disk."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from docstream.api.keys import LAST_USED_EVERY_S, KeyStore, Principal
 from docstream.cli import app
 from docstream.errors import ConfigurationError
 from docstream.settings import Settings
-from producers.api.keys import LAST_USED_EVERY_S, KeyStore, Principal
 
 runner = CliRunner()
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from consumers.ops.health import HealthStatus
-from consumers.ops.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
-from producers.api.registry import DONE, FAILED, DocumentRow, Registry
-from producers.api.status import document_status, group_status
-from producers.api.trace import trace_context
+from consumers.lag.health import HealthStatus
+from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
+from docstream.api.registry import DONE, FAILED, DocumentRow, Registry
+from docstream.api.status import document_status, group_status
+from docstream.api.trace import trace_context
 
 
 def fixed_bytes(n: int) -> bytes:
@@ -147,7 +147,7 @@ def test_a_group_is_queued_with_the_events_ahead_and_an_eta_then_processing_then
 
 
 def test_done_and_failed_come_from_the_tracker_for_the_latest_upload_only() -> None:
-    from producers.api.registry import Progress
+    from docstream.api.registry import Progress
 
     doc = row(offset=40, outbox_seq=None, uploaded_at_ms=2_000)
     done = Progress("thumbnails", 2_000, DONE, {"sizes": [{}, {}], "model_version": "v"}, 1, False)

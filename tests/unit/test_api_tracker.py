@@ -1,4 +1,4 @@
-"""producers.api.tracker's pure part (a record -> a registry update) and the registry's redrives."""
+"""docstream.api.tracker's pure part (a record -> a registry update) and the registry's redrives."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pytest
 
 from consumers.ops.dlq.entries import RedriveStep, encode_history
 from consumers.runtime import headers as hdr
-from docstream.topology import DOC_UPLOADED, OCR_DONE
-from producers.api.registry import DONE, FAILED, DocumentRow, Registry
-from producers.api.tracker import (
+from docstream.api.registry import DONE, FAILED, DocumentRow, Registry
+from docstream.api.tracker import (
     done_update,
     epoch_ms,
     failed_update,
@@ -21,6 +20,7 @@ from producers.api.tracker import (
     redrive_sources,
     upload_ms_of,
 )
+from docstream.topology import DOC_UPLOADED, OCR_DONE
 from schemas.codec import make_codec
 
 UPLOADED_AT = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

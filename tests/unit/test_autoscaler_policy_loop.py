@@ -22,10 +22,11 @@ from unittest import mock
 import pytest
 from pydantic import SecretStr
 
+from consumers.lag.health import HealthStatus
+from consumers.lag.scaling import Rule, ScalingConfig
+from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
 from consumers.ops.autoscaler import Autoscaler, observation
-from consumers.ops.lag import GroupLag, HealthStatus, LagSnapshot, PartitionLag
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, settings_environment, worker_command
-from consumers.ops.scaling import Rule, ScalingConfig
 from docstream.errors import KafkaError
 from docstream.settings import OcrSettings, RuntimeSettings, ScalingSettings, Settings
 

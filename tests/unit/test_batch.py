@@ -16,8 +16,7 @@ from confluent_kafka import Message
 
 from docstream.errors import BlobStoreError, DeliveryError, DocstreamError, InvalidEventError, PublishTimeout
 from producers.batch import DocumentOutcome, DocumentUpload, Sent, publish_batch
-from producers.delivery import DeliveryFuture, DeliveryResult
-from producers.publisher import PublishedDocument
+from producers.delivery import DeliveryFuture, DeliveryResult, PublishedDocument
 
 
 class Broker:

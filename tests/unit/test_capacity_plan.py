@@ -1,4 +1,4 @@
-"""`docstream plan`'s arithmetic (consumers.ops.capacity.queueing) against textbook cases worked
+"""`docstream plan`'s arithmetic (consumers.lag.queueing) against textbook cases worked
 by hand, and the command itself (typer's CliRunner): JSON keys, text, bad input."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from consumers.ops.capacity.queueing import (
+from consumers.lag.queueing import (
     MAX_UNIT_S,
     PlanInputs,
     catch_up_s,

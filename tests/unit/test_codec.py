@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from docstream import topology
 from docstream.errors import DecodeError, SchemaError
 from schemas.catalog import Catalog, catalog
-from schemas.codec import SingleObjectCodec, make_codec, peek_fingerprint
+from schemas.codec import SingleObjectCodec, make_codec
+from schemas.wire import peek_fingerprint
 
 UPLOADED_AT = datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
 SHA = "ab" * 32

@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from docstream import topology
 from docstream.errors import SchemaError
 from schemas.catalog import Catalog, SchemaVersion, catalog, schema_version
-from schemas.codec import SingleObjectCodec, checked_write, compiled_write
+from schemas.codec import SingleObjectCodec
 from schemas.compiled import compile_writer, zigzag_long
 from schemas.registry import RegistryCodec
+from schemas.wire import checked_write, compiled_write
 from tests.unit.test_codec import RECORDS, uploaded
 
 EVERY_VERSION = list(catalog())

@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from consumers.lag.health import HealthStatus
+from consumers.lag.scaling import Observation, ScalingConfig, ScalingPolicy
+from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
 from consumers.ops.exporter import METRIC_NAMES, LagExporter, RefreshState, metric_families
-from consumers.ops.lag import GroupLag, HealthStatus, LagSnapshot, PartitionLag
-from consumers.ops.scaling import Observation, ScalingConfig, ScalingPolicy
 from docstream.errors import ConfigurationError, KafkaError
 
 NOW_MS = 1_700_000_000_000

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import pytest
 
-from consumers.ops import health
-from consumers.ops.lag import (
+from consumers.lag import health
+from consumers.lag.health import (
     Commit,
     CommitWindow,
     HealthStatus,

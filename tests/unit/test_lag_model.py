@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from consumers.ops.lag import GroupTarget, declared_targets, resolve_targets, scaling_config
-from consumers.ops.lag.model import _backlog_s, _PartitionState
-from consumers.ops.scaling import ScalingConfig
+from consumers.lag.model import _backlog_s, _PartitionState, scaling_config
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.targets import GroupTarget, declared_targets, resolve_targets
 from docstream.cli import app
 from docstream.settings import ScalingSettings, Settings
 from docstream.topology import DOC_UPLOADED, GROUPS

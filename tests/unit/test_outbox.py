@@ -1,4 +1,4 @@
-"""The outbox on its own (producers.api.outbox): a SQLite file in tmp_path, a fake publisher.
+"""The outbox on its own (docstream.api.outbox): a SQLite file in tmp_path, a fake publisher.
 
 Order, durability across a reopen, capacity, concurrent puts, headers, file permissions; relaying
 stops at the first failed delivery and resumes from it in order; the relay thread logs an outage
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from docstream.api.outbox import Outbox, OutboxRelay
 from docstream.errors import DeliveryError, DocstreamError, OutboxError, OutboxFull
-from producers.api.outbox import Outbox, OutboxRelay
 from producers.publisher import Headers
 
 
@@ -255,7 +255,7 @@ def test_the_relay_thread_logs_an_outage_once_and_its_end_once(
     broker = FakeBroker()
     broker.down = True
     relay = OutboxRelay(outbox, broker, idle_s=0.05, backoff_s=0.01, max_backoff_s=0.02)
-    with caplog.at_level(logging.INFO, logger="producers.api.outbox"), relay:
+    with caplog.at_level(logging.INFO, logger="docstream.api.outbox"), relay:
         for i in range(50):
             outbox.put("t", b"k", f"v{i}".encode())
         wait_until(lambda: broker.produced >= 200)  # several failed attempts
@@ -263,7 +263,7 @@ def test_the_relay_thread_logs_an_outage_once_and_its_end_once(
         wait_until(lambda: outbox.depth == 0)
         outbox.put("t", b"k", b"after")
         wait_until(lambda: outbox.depth == 0)
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "producers.api.outbox"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "docstream.api.outbox"]
     assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
     assert "unreachable" in lines[0][1] and "records wait" in lines[0][1]
     assert "relaying again" in lines[1][1]

@@ -1,4 +1,4 @@
-"""consumers.pipeline.side_by_side: every worker runs until the wait returns; one failing worker
+"""consumers.ops.pipeline.side_by_side: every worker runs until the wait returns; one failing worker
 stops the others, and its error is raised once all have stopped."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from consumers.pipeline import rollup_totals_sql, side_by_side
+from consumers.ops.pipeline import rollup_totals_sql, side_by_side
 from consumers.runtime import Worker
 from docstream.errors import DocstreamError
 from docstream.topology import STAGE_NAMES

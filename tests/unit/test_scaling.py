@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from consumers.ops.hpa import (
+from consumers.lag.hpa import (
     hpa_desired_replicas,
     hpa_reachable,
     hpa_replicas,
@@ -15,7 +15,7 @@ from consumers.ops.hpa import (
     keda_metric_total,
     keda_stall_replicas,
 )
-from consumers.ops.scaling import (
+from consumers.lag.scaling import (
     Observation,
     PolicyState,
     Rule,
@@ -24,7 +24,7 @@ from consumers.ops.scaling import (
     decide,
     replica_bounds,
 )
-from consumers.ops.scaling import _ceil as ceil_forgiving
+from consumers.lag.scaling import _ceil as ceil_forgiving
 
 S = 1000  # ms
 

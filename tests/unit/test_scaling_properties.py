@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.ops.hpa import (
+from consumers.lag.hpa import (
     hpa_desired_replicas,
     hpa_reachable,
     hpa_replicas,
@@ -17,7 +17,7 @@ from consumers.ops.hpa import (
     keda_metric_total,
     keda_stall_replicas,
 )
-from consumers.ops.scaling import (
+from consumers.lag.scaling import (
     Observation,
     PolicyState,
     ScalingConfig,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.ops.lag import EndOffsetSample, NoSamplesError, TimeLagEstimator
+from consumers.lag.estimator import EndOffsetSample, NoSamplesError, TimeLagEstimator
 from docstream.errors import DocstreamError
 
 

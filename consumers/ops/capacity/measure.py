@@ -27,12 +27,12 @@ from consumers.groups import _module
 from consumers.stage import Input, Inputs, Stage
 from docstream.blobstore import BlobStore
 from docstream.settings import Settings
-from docstream.topology import DOC_UPLOADED, stage
+from docstream.topology import DOC_UPLOADED, STAGE_NAMES, stage
 from docstream.validation import Limits
 from producers.samples import Sample, sample_documents
 from schemas.events import DocUploaded, TraceContext
 
-MEASURABLE = ("ocr", "embeddings", "thumbnails")
+MEASURABLE = STAGE_NAMES  # every declared stage
 BROKEN = "broken.pdf"  # every stage dead-letters it: no service time to measure
 
 

@@ -29,8 +29,8 @@ than `MERGE_GAP_S` apart form one episode; "time to drain" runs from the disturb
 burst or ramp start, or `disturbance_at_s`) to the end of the first episode after it.
 
 Policies (`PolicySpec.kind`): `fixed` (a constant count; the M/M/c validation), `reactive` (the
-HPA on queue depth: `consumers.ops.hpa.hpa_desired_replicas` with its tolerance, then the HPA's
-stabilisation windows and scale-down rate limit), `docstream` (`consumers.ops.scaling`'s
+HPA on queue depth: `consumers.lag.hpa.hpa_desired_replicas` with its tolerance, then the HPA's
+stabilisation windows and scale-down rate limit), `docstream` (`consumers.lag.scaling`'s
 `ScalingPolicy`, the code the local autoscaler runs, fed an `Observation` built as
 `consumers.ops.autoscaler.observation` builds it), and `warm_pool` (another policy's decisions,
 with a pool of pre-warmed replicas that join after `join_s` and are replenished in the background).
@@ -45,9 +45,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from consumers.lag.hpa import hpa_desired_replicas
+from consumers.lag.scaling import Observation, ScalingConfig, ScalingPolicy
 from consumers.ops.capacity.scenario import PolicySpec, Scenario
-from consumers.ops.hpa import hpa_desired_replicas
-from consumers.ops.scaling import Observation, ScalingConfig, ScalingPolicy
 
 __all__ = [
     "MERGE_GAP_S",

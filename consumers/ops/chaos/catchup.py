@@ -14,7 +14,7 @@ analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX thre
 4. the catch-up: an `Autoscaler` for the OCR group alone (min 1, max `max_replicas`, the
    scaling settings otherwise), started from scratch; the group has drained when its lag first
    falls back to the largest lag of the warm-up;
-5. the prediction: `plan` (consumers.ops.capacity.queueing) with λ as published (documents /
+5. the prediction: `plan` (consumers.lag.queueing) with λ as published (documents /
    seconds), S = 1/μ, `max_replicas` and the backlog at the restart (the group's lag then):
    B / (cμ - λ).
 
@@ -41,16 +41,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from consumers.lag.model import scaling_config
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.queueing import PlanInputs, plan
 from consumers.ops.autoscaler import Autoscaler
-from consumers.ops.capacity.queueing import PlanInputs, plan
 from consumers.ops.chaos.checker import query
 from consumers.ops.chaos.pipeline import Pipeline
 from consumers.ops.chaos.runner import prepare_run, started_cluster
-from consumers.ops.lag import LagMonitor
-from consumers.ops.lag.model import scaling_config
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, worker_command
 from docstream.settings import Settings
-from docstream.topology import group_id
+from docstream.topology import ANALYTICS, STAGE_NAMES, group_id
 from producers.documents import scanned_pdf
 from producers.publisher import Publisher
 
@@ -162,9 +162,7 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
         settings = settings.model_copy(
             update={"scaling": settings.scaling.model_copy(update={"objective_s": config.objective_s})}
         )
-        pipeline = Pipeline(
-            env, folder / "logs", names=(OCR, "embeddings", "thumbnails", "sink", "analytics")
-        )
+        pipeline = Pipeline(env, folder / "logs", names=(*STAGE_NAMES, "sink", ANALYTICS))
         pipeline.start_all()
         mu = _service_rate(settings, config.probe, say)
         rate = config.utilisation * mu

@@ -39,7 +39,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.ops.chaos.load import Acked
-from consumers.warehouse.query_server import open_for_queries
+from consumers.warehouse.query_client import open_for_queries
 from docstream.idempotency import epoch_ms
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, STAGES, UPLOAD_EVENT

@@ -31,13 +31,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
-from consumers.ops.chaos.pipeline import STAGES, Pipeline
+from consumers.ops.chaos.pipeline import Pipeline
 from docstream import faults
-from docstream.topology import DOC_UPLOADED
+from docstream.topology import DOC_UPLOADED, STAGE_NAMES
 from infra.broker import LocalBroker
 from infra.cluster import LocalCluster
 
-RUNTIME_WORKERS = (*STAGES, "sink")
+RUNTIME_WORKERS = (*STAGE_NAMES, "sink")
 # A worker dies on a pass drawn from its point's range: before_handle and in_handler are passed
 # once per event (in_handler: per result computed), after_effect and after_store once per batch of
 # offsets stored (every settle of the consume loop that completed something).
@@ -76,7 +76,7 @@ def rolling_restart(stage: Stage) -> None:
 def random_kills(stage: Stage) -> None:
     """SIGKILL of a stage worker, the sink and the analytics worker, each once, a few seconds apart
     in a random order; each started again at once, as a supervisor would."""
-    victims = [stage.rnd.choice(STAGES), "sink", "analytics"]
+    victims = [stage.rnd.choice(STAGE_NAMES), "sink", "analytics"]
     stage.rnd.shuffle(victims)
     for name in victims:
         with stage.lock:
@@ -158,7 +158,7 @@ FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
         Fault("worker-before-handle", "before_handle", RUNTIME_WORKERS),
-        Fault("worker-in-handler", "in_handler", STAGES),
+        Fault("worker-in-handler", "in_handler", STAGE_NAMES),
         Fault("worker-after-effect", "after_effect", RUNTIME_WORKERS),
         Fault("worker-after-store", "after_store", RUNTIME_WORKERS),
         Fault("random-kills", inject=random_kills),

@@ -38,11 +38,10 @@ import requests
 
 from consumers.ops.chaos.checker import query
 from consumers.ops.chaos.load import TENANTS, text_of
-from consumers.ops.chaos.pipeline import Pipeline
+from consumers.ops.chaos.pipeline import Pipeline, api_keys
 from consumers.ops.chaos.runner import await_api, prepare_run, started_cluster
 from docstream.settings import Settings
 from docstream.topology import STAGES
-from producers.api.keys import KeyStore
 from producers.publisher import Publisher
 
 HEALTH_EVERY_S = 2.0
@@ -114,7 +113,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             DOCSTREAM_API__QUOTA_BURST="10000",
             DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
         )
-        keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS}
+        keys = api_keys(env, TENANTS)
         pipeline = Pipeline(env, folder / "logs", nice=CONSUMERS_NICE)
         pipeline.start_all()
         url = f"http://127.0.0.1:{api_port}"

@@ -4,24 +4,39 @@ restartable, its output appended to `<logs>/<name>.log`."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from docstream import faults
+from docstream.topology import ANALYTICS, STAGE_NAMES
 
-STAGES = ("ocr", "embeddings", "thumbnails")
 DOCSTREAM = [sys.executable, "-c", "from docstream.cli import main; main()"]
 COMMANDS: dict[str, list[str]] = {
-    **{stage: [*DOCSTREAM, "worker", stage] for stage in STAGES},
+    **{stage: [*DOCSTREAM, "worker", stage] for stage in STAGE_NAMES},
     "sink": [*DOCSTREAM, "warehouse", "sink"],
-    "analytics": [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "-l", "info"],
+    ANALYTICS: [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "-l", "info"],
     "api": [*DOCSTREAM, "api", "serve"],
 }
+
+
+def api_keys(env: dict[str, str], tenants: Sequence[str]) -> dict[str, str]:
+    """tenant -> a new API key for it, made as an operator makes one (`docstream api keys create`)
+    in the run's environment, so that the API processes of the run accept it."""
+    keys = {}
+    for tenant in tenants:
+        argv = [*DOCSTREAM, "api", "keys", "create", "--tenant", tenant, "--label", "chaos", "--json"]
+        made = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            raise RuntimeError(f"docstream api keys create for {tenant} failed: {made.stderr.strip()}")
+        keys[tenant] = json.loads(made.stdout)["key"]
+    return keys
 
 
 @dataclass

@@ -31,14 +31,13 @@ import requests
 from consumers.ops.chaos.checker import Row, isolated, judge, observe, pace, query
 from consumers.ops.chaos.faults import FAULTS, Stage
 from consumers.ops.chaos.load import TENANTS, Load
-from consumers.ops.chaos.pipeline import DOCSTREAM, Pipeline, environment
+from consumers.ops.chaos.pipeline import DOCSTREAM, Pipeline, api_keys, environment
 from docstream.errors import BrokerError
 from docstream.settings import Settings
-from docstream.topology import STAGES, declared_topics, group_id
+from docstream.topology import ANALYTICS, STAGE_NAMES, STAGES, declared_topics, group_id
 from infra.broker import free_port
 from infra.cluster import LocalCluster, free_port_run
 from infra.topics import ensure_topics
-from producers.api.keys import KeyStore
 from schemas.codec import make_codec
 
 WINDOW_S = 10
@@ -82,12 +81,8 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             **dict(fault.env),
         )
         (folder / "switches").mkdir(parents=True, exist_ok=True)
-        keys = {t: KeyStore(settings.api_keys_db).create(t).key for t in TENANTS} if config.api else {}
-        names = tuple(
-            n
-            for n in ("ocr", "embeddings", "thumbnails", "sink", "analytics", "api")
-            if config.api or n != "api"
-        )
+        keys = api_keys(env, TENANTS) if config.api else {}
+        names = tuple(n for n in (*STAGE_NAMES, "sink", ANALYTICS, "api") if config.api or n != "api")
         pipeline = Pipeline(env, folder / "logs", names=names)
         armed = fault.armed(rnd)
         pipeline.start_all(armed)
@@ -110,7 +105,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         if striker is not None:
             striker.join()
         (folder / "acked.jsonl").write_text("".join(json.dumps(a.as_dict()) + "\n" for a in acked))
-        groups = [group_id(g) for g in ("ocr", "embeddings", "thumbnails", "analytics")]
+        groups = [group_id(g) for g in (*STAGE_NAMES, ANALYTICS)]
         caught_up_s = _await_results(
             settings,
             acked,

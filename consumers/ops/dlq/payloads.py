@@ -11,7 +11,8 @@ from typing import Any
 from consumers.ops.dlq.entries import DeadLetter
 from docstream.errors import DocstreamError
 from schemas.catalog import catalog
-from schemas.codec import Codec, peek_fingerprint
+from schemas.codec import Codec
+from schemas.wire import peek_fingerprint
 
 PREVIEW_BYTES = 96  # bytes of an undecodable payload shown
 

@@ -4,7 +4,7 @@
 `DOCSTREAM_API__STATE_DIR`): the key store, the documents registry, the outbox and its relay,
 the publisher, admission control fed by the cluster watch, the tracker, and the `Ingest` steps.
 `start()` starts the threads (cluster watch, outbox relay, tracker); `close()` stops them and
-flushes the publisher. The HTTP app (producers.api.app) only calls into this object.
+flushes the publisher. The HTTP app (docstream.api.app) only calls into this object.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from consumers.ops.lag.model import scaling_config
-from consumers.ops.lag.targets import resolve_targets
+from consumers.lag.model import scaling_config
+from consumers.lag.targets import resolve_targets
 from consumers.warehouse.query_client import find_owner, open_for_queries
 from consumers.warehouse.query_server import data_dir
+from docstream.api.admission import AdmissionControl, Quota
+from docstream.api.ingest import Ingest
+from docstream.api.keys import KeyStore
+from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.registry import Registry
+from docstream.api.tracker import Tracker
+from docstream.api.watch import ClusterWatch, SamplerProcess, SamplerSpec, log_format_in_use
 from docstream.blobstore import BlobStore, private_file
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config
@@ -30,13 +37,6 @@ from docstream.kafka.connection import ConnectionWatch
 from docstream.settings import Settings
 from docstream.topology import ANALYTICS, DOC_UPLOADED, STAGE_NAMES, group_id
 from docstream.validation import Limits
-from producers.api.admission import AdmissionControl, Quota
-from producers.api.ingest import Ingest
-from producers.api.keys import KeyStore
-from producers.api.outbox import Outbox, OutboxRelay
-from producers.api.registry import Registry
-from producers.api.tracker import Tracker
-from producers.api.watch import ClusterWatch, SamplerProcess, SamplerSpec, log_format_in_use
 from producers.delivery import DeliveryResult
 from producers.publisher import Publisher
 from schemas.codec import make_codec
@@ -207,7 +207,7 @@ class ApiService:
         self.close()
 
     def health(self) -> dict[str, Any]:
-        """What GET /health answers (see producers.api.app)."""
+        """What GET /health answers (see docstream.api.app)."""
         view = self.watch.view()
         snapshot = view.snapshot
         groups: dict[str, Any] = {}

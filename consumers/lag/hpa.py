@@ -1,6 +1,6 @@
 """What a Kubernetes HPA and KEDA's Kafka scaler do with a metric, and the metric we export (pure).
 
-The replica policy (`consumers.ops.scaling`) decides how many replicas a group should run; this
+The replica policy (`consumers.lag.scaling`) decides how many replicas a group should run; this
 module is the other side of the wire, so that the exported metric makes an HPA do what was decided:
 
 - what a Kubernetes HPA does with an External metric (`hpa_desired_replicas`, `hpa_replicas`:

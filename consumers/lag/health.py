@@ -10,7 +10,7 @@ here `CommitWindow`. The statuses, their numeric values and their order are Burr
 `StatusConstant` (`core/protocol/evaluator.go`). docs/health.md explains every status with
 worked examples.
 
-Pure code: no Kafka client here. `consumers.ops.lag` re-exports everything public.
+Pure code: no Kafka client here.
 
 What is not Burrow's, deliberately (docs/health.md lists it too):
 

@@ -27,11 +27,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from consumers.analytics.process import AnalyticsProcess
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.reader import offset_lag
+from consumers.lag.scaling import ScalingConfig
 from consumers.ops.autoscaler import Autoscaler
 from consumers.ops.dlq import reader as dlq_reader
-from consumers.ops.lag import LagMonitor, offset_lag
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, settings_environment, worker_command
-from consumers.ops.scaling import ScalingConfig
 from consumers.runtime import Worker
 from consumers.warehouse.sink import WarehouseSink
 from consumers.warehouse.store import Warehouse

@@ -21,7 +21,7 @@ the lowest recommendation of the last `up_window_s`, down to the highest of the 
 current count for `quiet_period_s`, at most `max_scale_in` replicas per quiet period).
 
 What a Kubernetes HPA and KEDA's Kafka scaler do with a metric, and the signal we export so that
-an HPA lands on the decision (`hpa_signal`), are in `consumers.ops.hpa`.
+an HPA lands on the decision (`hpa_signal`), are in `consumers.lag.hpa`.
 
 One state machine (its config, inputs, state, `decide` and the reasons it gives), hence one
 module of about 400 lines.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from consumers.ops.capacity.queueing import erlang_b_series, erlang_c_from_b
+from consumers.lag.queueing import erlang_b_series, erlang_c_from_b
 
 TREND_NOISE = 0.05  # a rise of the arrival rate below 5 % of it over the trend window is noise
 _REL_EPS = 1e-9  # float noise forgiven by `_ceil`: 3.0000000000000004 is 3, not 4
@@ -149,7 +149,7 @@ class ScalingConfig:
 
 @dataclass(frozen=True)
 class Observation:
-    """One evaluation's inputs, measured by the caller (consumers.ops.lag and the workers' metrics)."""
+    """One evaluation's inputs, measured by the caller (consumers.lag and the workers' metrics)."""
 
     now_ms: int
     current_replicas: int  # members that consume (ready replicas)

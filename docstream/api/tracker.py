@@ -43,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.ops.dlq.entries import coordinates, decode_history
 from consumers.runtime import headers as hdr
+from docstream.api.registry import DONE, FAILED, Redrive, Registry
 from docstream.kafka import clients
 from docstream.kafka.config import connection_config
 from docstream.kafka.connection import ConnectionWatch
@@ -58,7 +59,6 @@ from docstream.topology import (
     group_id,
     retry_topic,
 )
-from producers.api.registry import DONE, FAILED, Redrive, Registry
 from schemas.codec import Codec, make_codec
 from schemas.events import COMPLETION_FIELDS
 

@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumers.ops.health import (
+from consumers.lag.estimator import TimeLagEstimator
+from consumers.lag.health import (
     DEFAULT_INTERVALS,
     CommitWindow,
     HealthStatus,
@@ -23,15 +24,14 @@ from consumers.ops.health import (
     evaluate_partition,
     group_health,
 )
-from consumers.ops.hpa import hpa_signal
-from consumers.ops.lag.estimator import TimeLagEstimator
-from consumers.ops.lag.snapshot import GroupLag, PartitionLag, TimeLagSource, TopicPartitionKey
-from consumers.ops.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
+from consumers.lag.hpa import hpa_signal
+from consumers.lag.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
+from consumers.lag.snapshot import GroupLag, PartitionLag, TimeLagSource, TopicPartitionKey
 
 if TYPE_CHECKING:
     from docstream.settings import ScalingSettings
 
-_log = logging.getLogger("consumers.ops.lag")
+_log = logging.getLogger("consumers.lag")
 
 DEFAULT_RATE_WINDOW_S = 60.0
 """Rates are measured over the samples of the last minute (at least two samples)."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from consumers.ops.lag.snapshot import LagSnapshot
+from consumers.lag.snapshot import LagSnapshot
 
 MAX_RETRY_AFTER_S = 3600
 """The longest Retry-After given: a backlog that does not shrink gets this."""

@@ -8,7 +8,7 @@ One SQLite file (`<api state dir>/documents.db`, 0600 in a 0700 folder):
   the offset (once the broker acknowledged it; None while it waits in the outbox). A tenant's
   content has one row, so the same content posted again by the same tenant finds the same id
   (`find`); a reprocess publishes a new upload of that id (`reuploaded`).
-- `progress`: per (document, group), what the tracker (producers.api.tracker) read on the
+- `progress`: per (document, group), what the tracker (docstream.api.tracker) read on the
   results and dead-letter topics: done (with the completion's links) or failed (with the dead
   letter's reason), and whether a redrive of it was seen; each for one upload time, so a new upload
   of the document starts from queued again.

@@ -2,7 +2,7 @@
 
 A `ClusterWatch` thread asks, every `refresh_s`, for one `Sample`:
 
-- the consumer groups (`consumers.ops.lag.LagMonitor`: offsets, rates, time lag, Burrow status),
+- the consumer groups (`consumers.lag.LagMonitor`: offsets, rates, time lag, Burrow status),
   fed to admission control (`AdmissionControl.observe`);
 - every `dead_letters_every_s`, the dead letters of the last hour per group: for each partition
   of each group's dead-letter topic, the end offset minus the first offset at or after one hour
@@ -41,16 +41,16 @@ from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
 
-from consumers.ops.lag.monitor import LagMonitor
-from consumers.ops.lag.snapshot import LagSnapshot
-from consumers.ops.lag.targets import GroupTarget
-from consumers.ops.scaling import ScalingConfig
+from consumers.lag.monitor import LagMonitor
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.snapshot import LagSnapshot
+from consumers.lag.targets import GroupTarget
+from docstream.api.admission import AdmissionControl
 from docstream.kafka import clients
 from docstream.kafka.connection import ConnectionWatch
 from docstream.kafka.ranges import reader_config
 from docstream.logs import JsonFormatter, LogFormat, configure
 from docstream.topology import dead_letter_topic
-from producers.api.admission import AdmissionControl
 
 log = logging.getLogger(__name__)
 

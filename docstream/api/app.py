@@ -10,9 +10,9 @@
     GET  /openapi.json, /docs       the OpenAPI document and its viewer
 
 Every /v1 route needs an API key (`Authorization: Bearer dsk_...` or `X-API-Key`), checked
-against the key store (producers.api.keys, hashed); a missing, malformed, unknown or revoked key is
+against the key store (docstream.api.keys, hashed); a missing, malformed, unknown or revoked key is
 401. A document of another tenant is 404, exactly as one that does not exist, so ids cannot be
-probed. Every answer carries `X-Request-ID` and `traceparent` (producers.api.trace); errors are
+probed. Every answer carries `X-Request-ID` and `traceparent` (docstream.api.trace); errors are
 JSON `{"error": ...}` (a 429 adds `backlog`, `predicted_wait_s`, `retry_after_s`, `reason`).
 
 A POST is either multipart/form-data (a `file` part; optional `priority`: interactive | bulk,
@@ -47,14 +47,14 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from docstream.api.admission import Priority
+from docstream.api.ingest import Refused, Upload
+from docstream.api.keys import Principal
+from docstream.api.registry import DONE, DocumentRow
+from docstream.api.service import ApiService
+from docstream.api.status import document_status
+from docstream.api.trace import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, trace_context
 from docstream.errors import DocstreamError, UnsafeReferenceError
-from producers.api.admission import Priority
-from producers.api.ingest import Refused, Upload
-from producers.api.keys import Principal
-from producers.api.registry import DONE, DocumentRow
-from producers.api.service import ApiService
-from producers.api.status import document_status
-from producers.api.trace import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, trace_context
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from docstream.api.app import create_app
+from docstream.api.service import ApiService
 from docstream.errors import ConfigurationError
-from producers.api.app import create_app
-from producers.api.service import ApiService
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -6,18 +6,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumers.ops.health import DEFAULT_INTERVALS
-from consumers.ops.lag.model import DEFAULT_RATE_WINDOW_S, LagModel, scaling_config
-from consumers.ops.lag.reader import (
+from consumers.lag.health import DEFAULT_INTERVALS
+from consumers.lag.model import DEFAULT_RATE_WINDOW_S, LagModel, scaling_config
+from consumers.lag.reader import (
     DEFAULT_READ_TIMEOUT_S,
     EARLIEST,
     LAG_MONITOR_READER_GROUP,
     LATEST,
     LagReader,
 )
-from consumers.ops.lag.snapshot import LagSnapshot, TopicPartitionKey
-from consumers.ops.lag.targets import GroupTarget, declared_targets, resolve_targets
-from consumers.ops.scaling import ScalingConfig
+from consumers.lag.scaling import ScalingConfig
+from consumers.lag.snapshot import LagSnapshot, TopicPartitionKey
+from consumers.lag.targets import GroupTarget, declared_targets, resolve_targets
 from docstream.kafka.config import connection_config
 
 if TYPE_CHECKING:

@@ -8,17 +8,17 @@
    inspect_document`; 422): a document the workers would dead-letter is refused at the door;
 2. **deduplicate**: the same tenant's same content (sha256) has one document id; posting it
    again answers that id and publishes nothing, unless `reprocess` asks for a new upload of it;
-3. **admit** (`producers.api.admission`): the predicted wait on the partition the document's key
+3. **admit** (`docstream.api.admission`): the predicted wait on the partition the document's key
    lands on, and the tenant's quota; a refusal is a `Refused` 429 with Retry-After;
 4. **store** the content in the blob store (under its sha256, fsync'd) and build the
-   doc.uploaded record (its trace context from the request, `producers.api.trace`);
+   doc.uploaded record (its trace context from the request, `docstream.api.trace`);
 5. **deliver**: produce the event and wait for the broker's acknowledgement (acks=all); the
    API's producer gives an event up after `publish_timeout_s` (its `message.timeout.ms`). When no
    acknowledgement comes (or records already wait in the outbox, whose order must hold), the very
    same bytes go to the outbox (fsync'd) instead. Only an event the broker stored while its
    acknowledgement was lost lands twice: the same record byte for byte, which docstream's
    consumers count once. A full outbox is a `Refused` 503 with Retry-After;
-6. **record** it in the registry (producers.api.registry): id, partition, offset or outbox seq.
+6. **record** it in the registry (docstream.api.registry): id, partition, offset or outbox seq.
 
 Uploads of the same tenant's same content are serialised (a striped lock), so two racing posts
 get one id. A JSON upload names a URI instead of sending bytes: it must lie under an import root,
@@ -40,6 +40,10 @@ from typing import Any
 
 from consumers.pages import inspect_document
 from docstream import validation
+from docstream.api.admission import Admission, AdmissionControl, Priority
+from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.registry import DocumentRow, Registry
+from docstream.api.trace import TraceContext
 from docstream.blobstore import BlobStore, StoredContent
 from docstream.errors import (
     BlobStoreError,
@@ -54,10 +58,6 @@ from docstream.errors import (
 )
 from docstream.topology import DOC_UPLOADED, UPLOAD_EVENT
 from docstream.validation import Limits, validate_upload
-from producers.api.admission import Admission, AdmissionControl, Priority
-from producers.api.outbox import Outbox, OutboxRelay
-from producers.api.registry import DocumentRow, Registry
-from producers.api.trace import TraceContext
 from producers.delivery import DeliveryResult
 from producers.events import doc_uploaded_record, guess_content_type, new_document_id
 from producers.murmur2 import java_partition

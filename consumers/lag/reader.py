@@ -33,8 +33,8 @@ from confluent_kafka import (
 )
 from confluent_kafka import KafkaError as KafkaErrorCode
 
-from consumers.ops.lag.snapshot import TopicPartitionKey
-from consumers.ops.lag.targets import GroupTarget
+from consumers.lag.snapshot import TopicPartitionKey
+from consumers.lag.targets import GroupTarget
 from docstream.errors import KafkaError
 from docstream.kafka import clients
 from docstream.kafka.errors import code, translate
@@ -351,7 +351,7 @@ class _DebugLog:
         _log.debug(msg, *args)
 
 
-_log = logging.getLogger("consumers.ops.lag")
+_log = logging.getLogger("consumers.lag")
 _LIBRDKAFKA_LOG = _DebugLog()
 
 _READ_FAILURES = frozenset(

@@ -7,8 +7,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from consumers.ops.health import HealthStatus
-from consumers.ops.scaling import Decision
+from consumers.lag.health import HealthStatus
+from consumers.lag.scaling import Decision
 
 TimeLagSource = Literal["log", "estimate", "caught up", "unknown"]
 TopicPartitionKey = tuple[str, int]
@@ -60,7 +60,7 @@ class GroupLag:
     has lag, None while the rates are unknown. status: Burrow's group status (OK, WARN, ERR), or
     NOTFOUND for a group the cluster does not know (no members, no commits). decision: the scaling
     policy's (None until the rates are known), hpa_signal the metric value for an HPA with an
-    AverageValue target of 1 (`consumers.ops.hpa.hpa_signal`).
+    AverageValue target of 1 (`consumers.lag.hpa.hpa_signal`).
     """
 
     group: str

@@ -20,10 +20,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from consumers.ops.lag.snapshot import LagSnapshot, PartitionLag
-from producers.api.registry import DONE, FAILED, DocumentRow, Progress
+from consumers.lag.snapshot import LagSnapshot, PartitionLag
+from docstream.api.registry import DONE, FAILED, DocumentRow, Progress
+from docstream.topology import ANALYTICS
 
-OCR, EMBEDDINGS, THUMBNAILS, ANALYTICS = "ocr", "embeddings", "thumbnails", "analytics"
+# The stages whose results the API links to (its routes: /text, /chunks, /thumbnails).
+OCR = "ocr"
+EMBEDDINGS = "embeddings"
+THUMBNAILS = "thumbnails"
 
 
 def links(document_id: str, group: str, detail: Mapping[str, Any]) -> dict[str, Any]:
