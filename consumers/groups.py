@@ -2,7 +2,7 @@
 
 `build_worker(name, settings)` gives a ready `Worker` for any declared stage: its module's
 `build_stage` (models load there, once per process, not per event), the one stage handler and
-decoder of consumers.stage, and the topics the stage declares. `docstream worker NAME` runs one
+decoder of consumers.handler, and the topics the stage declares. `docstream worker NAME` runs one
 per process, `docstream demo` runs them side by side. `build_sink` does the same for the
 warehouse sink.
 """
@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
+from consumers.handler import Outcomes, stage_decoder, stage_handler
 from consumers.runtime import Context, Worker
 from consumers.runtime.message import Decoder, Handler, Message
-from consumers.stage import Outcomes, Stage, stage_decoder, stage_handler
+from consumers.stage import Stage
 from docstream.blobstore import BlobStore
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings

@@ -47,7 +47,7 @@ def completion_key(stage: str, version: str, document: Document, uploaded_at: da
     or re-published identically after a timeout has one key, so its completion is emitted with the
     same fields every time and counts once downstream. `document` is a doc.uploaded, or a
     completion that carries the upload's fields, as doc.ocr.done does for embeddings;
-    `uploaded_at` is when that upload was accepted (`consumers.stage.upload_time(document)`).
+    `uploaded_at` is when that upload was accepted (`consumers.handler.upload_time(document)`).
     """
     uploaded = epoch_ms(uploaded_at)
     material = "\x00".join(

@@ -32,7 +32,7 @@ unsupported content type or a bad id is refused with InvalidEventError.
         doc = publisher.publish_document(Path("invoice.pdf"), tenant="acme")
         print(doc.document_id, doc.delivery.partition, doc.delivery.offset)
 
-Over 400 lines because it is one thing, the `Publisher` class: its event paths, its document paths
+Why one module: it is one thing, the `Publisher` class: its event paths, its document paths
 (store, then publish) and its delivery bookkeeping share one producer and its state, so they stay
 together; what is pure already lives beside it (`producers.delivery`: futures, delivery errors
 and `PublishedDocument`; `producers.events`: the doc.uploaded record, ids and content types;

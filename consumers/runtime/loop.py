@@ -28,9 +28,9 @@ offsets and holes (consumers.runtime.offsets), the key schedule (schedule), retr
 loop and its lanes (handoff). Calls on the two consumers that name
 partitions go through `Partitions` (partitions). The Kafka clients come from factories
 (consumers.runtime.clients), so that the loop's ordering is unit-tested against fakes too.
-What is left here (about 580 lines, some 400 of them code) is one thing: the steps of a turn,
-the rebalance callbacks and the shutdown all work on the same lanes, settle queue and counts of
-outstanding work, and read in order as the story of a message.
+Why one module: what is left here (about 580 lines, some 400 of them code) is one thing, the
+`Worker`: the steps of a turn, the rebalance callbacks and the shutdown all work on the same
+lanes, settle queue and counts of outstanding work, and read in order as the story of a message.
 
 The three clients report their logs and errors to one `ConnectionWatch` (docstream.kafka.connection):
 a broker outage is logged once when it starts and once when it ends, and shows in `health()`.

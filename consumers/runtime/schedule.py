@@ -29,6 +29,10 @@ of work; the rest then waits behind it).
 
 No threads or Kafka here: `consumers.runtime.lanes` runs the handler threads around it; only
 the loop's thread calls it.
+
+Why one module: it is one state machine, `KeySchedule`; `Block`, `Run` and `Unit` are the parts
+of its ready queue, and each of its moves (admit, take, finish, park, wake, revoke) changes the
+busy, parked, waiting and delayed keys together, so the rules read best side by side.
 """
 
 from __future__ import annotations

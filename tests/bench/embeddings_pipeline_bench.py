@@ -16,8 +16,8 @@ from typing import Any
 from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage
+from consumers.handler import stage_decoder, stage_handler
 from consumers.runtime import Handler
-from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings
 from producers.documents import SAMPLE_TEXTS

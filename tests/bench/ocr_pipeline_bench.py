@@ -18,12 +18,12 @@ import time
 from collections import Counter
 from typing import Any
 
+from consumers.handler import stage_decoder, stage_handler
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import ImageArray, OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.pages import render_pages
 from consumers.runtime import Handler
-from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings
 from producers.documents import SAMPLE_TEXTS, scanned_pdf

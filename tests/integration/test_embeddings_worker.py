@@ -15,10 +15,10 @@ from kafka_helpers import create_topics, read_messages, value_of
 
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage
+from consumers.handler import stage_decoder, stage_handler
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
-from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from docstream.settings import OcrSettings, RuntimeSettings

@@ -26,11 +26,11 @@ from PIL import Image
 
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage
+from consumers.handler import stage_decoder, stage_handler
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings, ThumbnailSettings

@@ -18,10 +18,10 @@ from kafka_helpers import create_topics
 
 from consumers.embeddings.model import EmbeddingModel
 from consumers.embeddings.worker import EmbeddingStage
+from consumers.handler import stage_decoder, stage_handler
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
-from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse

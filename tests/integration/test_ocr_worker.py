@@ -10,13 +10,13 @@ from pathlib import Path
 
 from kafka_helpers import create_topics, read_messages, value_of
 
+from consumers.handler import stage_decoder, stage_handler
 from consumers.ocr.batcher import PageBatcher
 from consumers.ocr.engine import OcrEngine
 from consumers.ocr.metrics import cer
 from consumers.ocr.worker import OcrStage
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.stage import stage_decoder, stage_handler
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings
 from producers.documents import SAMPLE_TEXTS, broken_pdf, scanned_pdf, text_pdf

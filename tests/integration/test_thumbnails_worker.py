@@ -8,8 +8,8 @@ from pathlib import Path
 
 from kafka_helpers import create_topics, read_messages, value_of
 
+from consumers.handler import stage_decoder, stage_handler
 from consumers.runtime import Worker
-from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import RuntimeSettings, ThumbnailSettings

@@ -24,9 +24,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 from kafka_helpers import read_messages
 from typer.testing import CliRunner
 
+from consumers.handler import stage_decoder, stage_handler
 from consumers.runtime import Worker
 from consumers.runtime import headers as hdr
-from consumers.stage import stage_decoder, stage_handler
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream import logs
 from docstream.api.trace import trace_context

@@ -24,8 +24,8 @@ from confluent_kafka import Producer
 from kafka_helpers import create_topics
 from typed_records import completion_event, embedded_event
 
+from consumers.handler import completion
 from consumers.runtime import Worker
-from consumers.stage import completion
 from consumers.warehouse.rows import (
     CHUNK_COLUMNS,
     CHUNKS,

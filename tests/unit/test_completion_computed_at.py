@@ -1,4 +1,4 @@
-"""consumers.stage.completion: `computed_at` is when the result was computed, not emitted."""
+"""consumers.handler.completion: `computed_at` is when the result was computed, not emitted."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumers.stage import completion
+from consumers.handler import completion
 from docstream.blobstore import BlobStore
 from docstream.idempotency import idempotency_key
 from schemas.codec import SingleObjectCodec

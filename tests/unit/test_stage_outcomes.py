@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consumers.stage import Input, Outcomes, stage_handler
+from consumers.handler import Outcomes, stage_handler
+from consumers.stage import Input
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import ThumbnailSettings

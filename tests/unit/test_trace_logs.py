@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from consumers.handler import stage_handler
 from consumers.ops.dlq import entries as dl
 from consumers.runtime import Context, RunStats
 from consumers.runtime import headers as hdr
-from consumers.stage import Input, stage_handler
+from consumers.stage import Input
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream import logs
 from docstream.blobstore import BlobStore
