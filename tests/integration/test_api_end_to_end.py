@@ -25,6 +25,7 @@ from docstream.api.server import serve_in_thread
 from docstream.api.service import ApiService
 from docstream.cli.warehouse import DDL_DIR
 from docstream.settings import ApiSettings, Settings
+from docstream.topology import ANALYTICS, STAGE_NAMES
 from infra.broker import LocalBroker
 from producers.documents import text_pdf
 
@@ -73,7 +74,7 @@ def test_a_posted_document_is_done_in_the_four_groups_and_the_warehouse(
         status = _status_when_done(api.url, accepted["status_url"], auth)
         groups = status["groups"]
         assert {name: g["state"] for name, g in groups.items()} == dict.fromkeys(
-            ("ocr", "embeddings", "thumbnails", "analytics"), "done"
+            (*STAGE_NAMES, ANALYTICS), "done"
         ), status
         assert groups["ocr"]["pages"] == 2 and groups["embeddings"]["chunks"] >= 1
 
@@ -93,7 +94,7 @@ def test_a_posted_document_is_done_in_the_four_groups_and_the_warehouse(
             " GROUP BY stage",
             {"id": accepted["document_id"]},
         )
-        assert dict(rows) == {"ocr": 1, "embeddings": 1, "thumbnails": 1}
+        assert dict(rows) == dict.fromkeys(STAGE_NAMES, 1)
         _, uploads = warehouse.query(
             "SELECT tenant, size_bytes FROM docstream.uploads FINAL WHERE document_id = {id:String}",
             {"id": accepted["document_id"]},

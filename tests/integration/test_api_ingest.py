@@ -19,7 +19,7 @@ from docstream.api.keys import KeyStore
 from docstream.api.server import ServedApi, serve_in_thread
 from docstream.api.service import ApiService
 from docstream.settings import ApiSettings, LimitSettings, Settings
-from docstream.topology import DOC_UPLOADED
+from docstream.topology import ANALYTICS, DOC_UPLOADED, STAGE_NAMES
 from infra.broker import LocalBroker
 from producers.documents import broken_pdf, text_pdf
 from schemas.codec import make_codec
@@ -128,7 +128,7 @@ def test_an_upload_is_published_once_per_tenant_and_content_and_again_on_reproce
     )
     status = requests.get(f"{api.url}{body['status_url']}", headers=auth, timeout=10).json()
     assert status["uploads"] == 2 and status["offset"] == reprocess.json()["offset"]
-    assert set(status["groups"]) == {"ocr", "embeddings", "thumbnails", "analytics"}
+    assert set(status["groups"]) == {*STAGE_NAMES, ANALYTICS}
 
 
 def test_the_callers_request_id_and_trace_reach_the_event(
@@ -251,7 +251,7 @@ def test_health_metrics_and_openapi(api: ServedApi, api_settings: Settings) -> N
     health = requests.get(f"{api.url}/health", timeout=10)
     assert health.status_code == 200
     report = health.json()
-    assert set(report["groups"]) == {"ocr", "embeddings", "thumbnails", "analytics"}
+    assert set(report["groups"]) == {*STAGE_NAMES, ANALYTICS}
     assert report["outbox"]["depth"] == 0 and report["warehouse"]["reachable"] is False
     metrics = requests.get(f"{api.url}/metrics", timeout=10).text
     assert 'docstream_api_requests_total{method="POST",route="/v1/documents",status="202"}' in metrics

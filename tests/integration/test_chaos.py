@@ -20,6 +20,7 @@ import pytest
 
 from consumers.ops.chaos.pipeline import log_tail
 from consumers.ops.chaos.runner import RunConfig, run_fault
+from docstream.topology import STAGE_NAMES
 
 pytestmark = pytest.mark.kafka
 
@@ -44,7 +45,7 @@ def test_random_kills_on_three_brokers_lose_nothing_and_duplicate_nothing(
     restarts = details["restarts"]
     assert details["blows"] == 3, (figures, context)
     assert restarts.get("sink") and restarts.get("analytics"), (figures, context)
-    assert any(restarts.get(stage) for stage in ("ocr", "embeddings", "thumbnails")), (figures, context)
+    assert any(restarts.get(stage) for stage in STAGE_NAMES), (figures, context)
     assert (row.lost, row.duplicated, row.unseen, row.order_violations) == (0, 0, 0, 0), (figures, context)
     assert row.verified, (figures, context)
     assert details["poisoned upload"] == {"dead letters missing for": [], "uploads rows": 0}, figures

@@ -6,7 +6,7 @@ docstream.topology.STAGES, its module (this file's `PageCountStage`, `build_stag
 `stage_version`), and the Avro schema of the event it emits (schemas/doc_pagecounted/v1.avsc;
 here written into a copy of the shipped catalog). The runtime, the one stage handler (read through
 the blob store, hash check, limits, idempotency key, reuse, completion record) and the decoder
-come from consumers.stage and consumers.groups unchanged.
+come from consumers.handler and consumers.groups unchanged; the stage's shape from consumers.stage.
 """
 
 from __future__ import annotations

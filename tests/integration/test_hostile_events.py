@@ -34,6 +34,7 @@ from consumers.runtime import headers as hdr
 from consumers.thumbnails.worker import ThumbnailStage
 from docstream.blobstore import BlobStore
 from docstream.settings import OcrSettings, RuntimeSettings, ThumbnailSettings
+from docstream.topology import STAGE_NAMES
 from docstream.validation import Limits
 from producers.documents import pdf_bomb_like, text_pdf
 from schemas.codec import make_codec
@@ -203,7 +204,7 @@ def test_every_stage_dead_letters_hostile_uploads_with_their_reason_and_reads_no
 ) -> None:
     name = uuid.uuid4().hex[:8]
     uploads, ocr_done, embedded, thumbnailed = (f"{t}-{name}" for t in ("up", "ocr", "emb", "thumb"))
-    groups = {stage: f"test.hostile.{stage}.{name}" for stage in ("ocr", "embeddings", "thumbnails")}
+    groups = {stage: f"test.hostile.{stage}.{name}" for stage in STAGE_NAMES}
     create_topics(
         kafka_bootstrap,
         [

@@ -16,8 +16,9 @@ from consumers.ops.chaos.faults import FAULTS
 from consumers.ops.chaos.load import Acked
 from consumers.ops.chaos.overload import OverloadReport, failures, steady_rate
 from docstream import faults
+from docstream.topology import STAGE_NAMES
 
-STAGES = ("ocr", "embeddings", "thumbnails")
+STAGES = STAGE_NAMES
 GROUPS = ("docstream.ocr", "docstream.embeddings", "docstream.thumbnails", "docstream.analytics")
 REPO = Path(__file__).resolve().parents[2]
 

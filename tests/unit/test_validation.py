@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from docstream.errors import InvalidEventError, PermanentError
+from docstream.topology import STAGE_NAMES
 from docstream.validation import Limits, validate_completion, validate_upload
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -57,7 +58,7 @@ def completion(kind: str = "ocr", **overrides: Any) -> dict[str, Any]:
 
 def test_a_good_upload_and_good_completions_pass() -> None:
     assert validate_upload(upload(), produced_at_ms=NOW_MS) == upload()
-    for stage in ("ocr", "embeddings", "thumbnails"):
+    for stage in STAGE_NAMES:
         validate_completion(completion(stage), produced_at_ms=NOW_MS + 5_000)
 
 

@@ -28,6 +28,7 @@ from consumers.analytics.windows import (
     recount,
     window_start,
 )
+from docstream.topology import STAGE_NAMES
 from schemas.events import DocOcrDone
 
 PDF = "application/pdf"
@@ -316,7 +317,7 @@ docs = st.lists(
         st.integers(min_value=0, max_value=3 * HOUR_MS),  # upload time
         st.sampled_from(["acme", "globex"]),
         st.sampled_from([PDF, "image/png"]),
-        st.lists(st.sampled_from(["ocr", "embeddings", "thumbnails"]), unique=True),
+        st.lists(st.sampled_from(STAGE_NAMES), unique=True),
         st.integers(min_value=0, max_value=5 * MINUTE_MS),  # completion delay
         st.booleans(),  # the completions carry their content type (or are older events)
     ),
