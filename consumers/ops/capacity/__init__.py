@@ -1,5 +1,6 @@
 """Capacity for a consumer group, measured and simulated (issue 14). The arithmetic of `docstream
-plan` is the lag model's (consumers.lag.queueing), shared with the scaling policy.
+plan` is the lag model's (consumers.lag.plan over consumers.lag.queueing, whose formulas the scaling
+policy shares).
 
 measure.py   a stage's real service time on the sample documents (`docstream measure`)
 simulate.py  a seeded discrete-event simulation of arrivals, service, cold starts and scaling
