@@ -8,7 +8,7 @@ count it wants. One per `PolicySpec.kind` (`build_decider(spec, scenario)`):
 - `reactive`: the HPA on queue depth: `consumers.lag.hpa.hpa_desired_replicas` with its
   tolerance, then the HPA's stabilisation windows and scale-down rate limit;
 - `docstream`: `consumers.lag.scaling`'s `ScalingPolicy`, the code the local autoscaler runs, fed
-  an `Observation` built as `consumers.ops.autoscaler.observation` builds it;
+  an `Observation` built as `consumers.ops.autoscaler_policy.observation` builds it;
 - `warm_pool`: another policy's decisions (the pool itself is the simulation's replica supply).
 """
 
@@ -111,7 +111,7 @@ class _Reactive:
 
 
 class _Docstream:
-    """docstream's `ScalingPolicy`, with the observation `consumers.ops.autoscaler` builds."""
+    """docstream's `ScalingPolicy`, with the observation `consumers.ops.autoscaler_policy` builds."""
 
     def __init__(self, spec: PolicySpec, scenario: Scenario) -> None:
         mu = float(spec.get("service_rate_per_replica"))
@@ -134,9 +134,9 @@ class _Docstream:
         self.policy = ScalingPolicy(self.config)
 
     def desired(self, m: Metrics, current: int) -> int:
-        # As consumers.ops.autoscaler.observation: current = the live replicas (started, ready or
-        # not), ready = those that serve (the group's members), lag = waiting + in service,
-        # backlog_s = the time lag (the oldest unsettled event).
+        # As consumers.ops.autoscaler_policy.observation: current = the live replicas (started,
+        # ready or not), ready = those that serve (the group's members), lag = waiting + in
+        # service, backlog_s = the time lag (the oldest unsettled event).
         obs = Observation(
             now_ms=round(m.t * 1000),
             current_replicas=current,
