@@ -17,6 +17,8 @@ hpa.py        what a Kubernetes HPA and KEDA's Kafka scaler do with a metric, an
               export so that an HPA lands on the policy's decision (pure)
 queueing.py   the queueing arithmetic the policy and `docstream plan` share: M/M/1, Erlang C,
               Little's law, the replicas an objective needs (pure)
+plan.py       `docstream plan`'s answer for one set of inputs: `plan`, `PlanInputs`, `Plan`, and
+              the sizing rules behind its warnings (max.poll.interval.ms, utilisation; pure)
 reader.py     the Kafka reads (`LagReader`, `offset_lag`): clients from `docstream.kafka`
 monitor.py    `LagMonitor`: the reader wired into the model, one sample at a time
 

@@ -23,8 +23,10 @@ current count for `quiet_period_s`, at most `max_scale_in` replicas per quiet pe
 What a Kubernetes HPA and KEDA's Kafka scaler do with a metric, and the signal we export so that
 an HPA lands on the decision (`hpa_signal`), are in `consumers.lag.hpa`.
 
-One state machine (its config, inputs, state, `decide` and the reasons it gives), hence one
-module of about 400 lines.
+Why one module: it is one state machine, with its settings (`ScalingConfig`), its inputs
+(`Observation`), its state (`PolicyState`), the transition `decide`, the `Decision` with the
+reason it gives (`_reason` reads the limits `decide` computed on the way) and the sizing rules
+only `decide` uses. Each part is read against the others; `ScalingPolicy` merely keeps the state.
 """
 
 from __future__ import annotations

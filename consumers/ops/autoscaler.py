@@ -26,8 +26,8 @@ rule), DEBUG when it repeats it; and every decision, as one JSON object per line
 `decision_log` when one is given (`<home>/logs/autoscaler.jsonl` under `docstream up`).
 docs/operations.md ("Local autoscaler") has the details.
 
-One supervisor loop over one per-group state (reap, decide, reconcile, shutdown), hence one module
-a little over the usual size; starting the processes is `consumers.ops.launcher`'s.
+The policy's inputs and the decision's log line are `consumers.ops.autoscaler_policy`'s; starting
+the processes is `consumers.ops.launcher`'s.
 """
 
 from __future__ import annotations
@@ -43,17 +43,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers.lag.scaling import Decision, Observation, ScalingConfig, ScalingPolicy
+from consumers.lag.scaling import Decision, ScalingConfig, ScalingPolicy
 from consumers.lag.snapshot import GroupLag, LagSnapshot
+from consumers.ops.autoscaler_policy import decision_line, observation
 from consumers.ops.launcher import Child, Launcher, ScaledGroup
 from docstream.errors import DocstreamError
 
-__all__ = [
-    "Autoscaler",
-    "GroupStatus",
-    "decision_line",
-    "observation",
-]
+__all__ = ["Autoscaler", "GroupStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +57,6 @@ DEFAULT_INTERVAL_S = 5.0
 DEFAULT_STOP_TIMEOUT_S = 35.0  # the runtime's shutdown_timeout_s (30 s) and some room to leave
 DEFAULT_RESTART_BACKOFF_S = 1.0
 DEFAULT_RESTART_BACKOFF_MAX_S = 60.0
-
-
-def observation(group: GroupLag, current_replicas: int, now_ms: int) -> Observation | None:
-    """The policy's inputs from a group's lag model, as `LagMonitor` builds them, with the
-    replicas this autoscaler runs as the current count and the group's members (at most that
-    many) as the ready ones: a child still loading its model has not joined, and completions are
-    measured per ready replica; None while the rates are unknown or the group's topics have no
-    partitions."""
-    if group.arrival_rate is None or group.completion_rate is None or not group.partitions:
-        return None
-    return Observation(
-        now_ms=now_ms,
-        current_replicas=current_replicas,
-        lag_events=group.lag,
-        arrival_rate=max(0.0, group.arrival_rate),
-        completion_rate=max(0.0, group.completion_rate),
-        backlog_s=group.max_time_lag_s or 0.0,
-        partitions=len(group.partitions),
-        # no members at all (a rebalance, a description not read): readiness unknown
-        ready_replicas=min(current_replicas, group.members) if group.members > 0 else None,
-    )
 
 
 @dataclass
@@ -420,14 +395,3 @@ class Autoscaler:
 
 def _name(run: _GroupRun, replica: _Replica) -> str:
     return f"{run.group.name}#{replica.number}"
-
-
-def decision_line(group_id: str, lag: GroupLag, decision: Decision) -> str:
-    """One decision as a log line: the inputs, the outcome and the policy's reason."""
-    obs = decision.observation
-    return (
-        f"{group_id}: lag={obs.lag_events} arrival={obs.arrival_rate:.3g}/s "
-        f"completion={obs.completion_rate:.3g}/s backlog={obs.backlog_s:.3g}s "
-        f"members={lag.members} current={decision.current_replicas} "
-        f"desired={decision.desired_replicas} rule={decision.rule.value}: {decision.reason}"
-    )

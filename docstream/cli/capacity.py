@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consumers.lag.queueing import Plan, PlanInputs, plan
+from consumers.lag.plan import Plan, PlanInputs, plan
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 from docstream.settings import RuntimeSettings, Settings

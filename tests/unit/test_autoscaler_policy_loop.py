@@ -25,7 +25,8 @@ from pydantic import SecretStr
 from consumers.lag.health import HealthStatus
 from consumers.lag.scaling import Rule, ScalingConfig
 from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
-from consumers.ops.autoscaler import Autoscaler, observation
+from consumers.ops.autoscaler import Autoscaler
+from consumers.ops.autoscaler_policy import observation
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, settings_environment, worker_command
 from docstream.errors import KafkaError
 from docstream.settings import OcrSettings, RuntimeSettings, ScalingSettings, Settings

@@ -10,16 +10,12 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
+from consumers.lag.plan import MAX_UNIT_S, PlanInputs, max_poll_interval_ms, max_utilisation, plan
 from consumers.lag.queueing import (
-    MAX_UNIT_S,
-    PlanInputs,
     catch_up_s,
     erlang_b,
     erlang_c,
-    max_poll_interval_ms,
-    max_utilisation,
     mm1_wait,
-    plan,
     pooled_wait,
     replicas_needed,
     split_replicas_needed,

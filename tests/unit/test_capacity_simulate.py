@@ -14,7 +14,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from consumers.ops.capacity.plot import HEIGHT, WIDTH, plot_timeline
-from consumers.ops.capacity.scenario import ScenarioError, load_scenario, parse_scenario, shipped_scenarios
+from consumers.ops.capacity.scenario import load_scenario, parse_scenario, shipped_scenarios
+from consumers.ops.capacity.scenario_fields import ScenarioError
 from consumers.ops.capacity.simulate import simulate, simulate_policy
 from docstream.cli import app
 

@@ -330,6 +330,7 @@ def test_a_long_module_says_why_it_is_one_thing() -> None:
         ("consumers.lag.hpa", ("confluent_kafka",)),  # pure
         ("consumers.lag.scaling", ("confluent_kafka",)),  # pure
         ("consumers.lag.queueing", ("confluent_kafka",)),  # pure
+        ("consumers.lag.plan", ("confluent_kafka",)),  # pure
     ],
 )
 def test_light_modules_load_no_heavy_dependency(module: str, heavy: tuple[str, ...]) -> None:
@@ -368,7 +369,7 @@ def test_the_lag_model_imports_no_kafka_client() -> None:
     """The lag model's pure modules import no Kafka client: neither they nor what they import
     loads confluent_kafka (importing them through their package loads the reader too, so their
     imports are checked); of the package they import only each other."""
-    pure = ("model", "estimator", "snapshot", "targets", "health", "scaling", "hpa", "queueing")
+    pure = ("model", "estimator", "snapshot", "targets", "health", "scaling", "hpa", "queueing", "plan")
     paths = [ROOT / "consumers" / "lag" / f"{name}.py" for name in pure]
     modules = {
         node.module

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from consumers.ops.capacity.simulate import SimulationReport
+from consumers.ops.capacity.report import SimulationReport
 
 __all__ = ["HEIGHT", "WIDTH", "plot_timeline"]
 

@@ -3,24 +3,19 @@
 A scenario is a YAML document (`infra/scenarios/*.yaml` ship with docstream; docs/simulate.md
 has the format). `load_scenario(path_or_name)` reads one, a bare name (`reading-step`) being a
 shipped scenario; `parse_scenario(mapping)` validates a mapping. Every field is checked, and a
-bad one raises `ScenarioError` naming it (`arrivals.to: must be a number >= 0, got 'fast'`).
+bad one raises `ScenarioError` naming it (`arrivals.to: must be a number >= 0, got 'fast'`): the
+field readers are `consumers.ops.capacity.scenario_fields`.
 
 The parts, all frozen:
 
-- `Arrivals`: the rate over time (constant, step, ramp, burst, diurnal, or a recorded trace of
-  (t, rate) pairs or of timestamps); `rate_at(t)` for the pattern, `timestamps` for a trace of them;
-- `Service`: one replica's service time per event (exponential, lognormal from p50/p99 or
-  mean/sigma, or measured samples); `sampler(rng)` draws them;
+- `Arrivals` and `Service` (`consumers.ops.capacity.workload`): the rate over time, and one
+  replica's service time per event;
 - `ColdStart`: the delays before a new replica serves (provisioning, image pull, model load);
 - `PolicySpec`: one scaling policy to compare (`fixed`, `reactive`, `docstream`, `warm_pool`).
 """
 
 from __future__ import annotations
 
-import math
-import random
-from bisect import bisect_right
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,340 +23,19 @@ from typing import Any
 
 import yaml
 
-from docstream.errors import ConfigurationError
+from consumers.ops.capacity.scenario_fields import Fields, ScenarioError
+from consumers.ops.capacity.workload import Arrivals, Service, parse_arrivals, parse_service
 
 __all__ = [
-    "Arrivals",
     "ColdStart",
     "PolicySpec",
     "Scenario",
-    "ScenarioError",
-    "Service",
     "load_scenario",
     "parse_scenario",
     "shipped_scenarios",
 ]
 
-_Z99 = 2.3263478740408408  # the standard normal's 99th percentile
-ARRIVAL_KINDS = ("constant", "step", "ramp", "burst", "diurnal", "trace")
-SERVICE_KINDS = ("exponential", "lognormal", "samples")
 POLICY_KINDS = ("fixed", "reactive", "docstream", "warm_pool")
-
-
-class ScenarioError(ConfigurationError):
-    """A scenario that cannot be simulated; the message names the field."""
-
-
-# --------------------------------------------------------------------------------------------
-# Field readers: each names the field it complains about
-# --------------------------------------------------------------------------------------------
-
-
-class _Fields:
-    """A mapping read field by field; `done()` refuses the fields nobody asked for."""
-
-    def __init__(self, data: object, where: str) -> None:
-        if not isinstance(data, Mapping):
-            raise ScenarioError(f"{where or 'scenario'}: must be a mapping, got {data!r}")
-        self.data: Mapping[str, Any] = data
-        self.where = where
-        self.seen: set[str] = set()
-
-    def name(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def raw(self, key: str) -> Any:
-        self.seen.add(key)
-        if not self.has(key):
-            raise ScenarioError(f"{self.name(key)}: missing")
-        return self.data[key]
-
-    def number(
-        self, key: str, default: float | None = None, *, low: float = 0.0, strict: bool = False
-    ) -> float:
-        self.seen.add(key)
-        if not self.has(key):
-            if default is None:
-                raise ScenarioError(f"{self.name(key)}: missing")
-            return default
-        value = self.data[key]
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < low or (strict and value <= low):
-            bound = f"> {low:g}" if strict else f">= {low:g}"
-            raise ScenarioError(f"{self.name(key)}: must be a number {bound}, got {value!r}")
-        return float(value)
-
-    def integer(self, key: str, default: int | None = None, *, low: int = 0) -> int:
-        self.seen.add(key)
-        if not self.has(key):
-            if default is None:
-                raise ScenarioError(f"{self.name(key)}: missing")
-            return default
-        value = self.data[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ScenarioError(f"{self.name(key)}: must be an integer >= {low}, got {value!r}")
-        return value
-
-    def choice(self, key: str, options: tuple[str, ...], default: str | None = None) -> str:
-        self.seen.add(key)
-        if not self.has(key):
-            if default is None:
-                raise ScenarioError(f"{self.name(key)}: missing (one of {', '.join(options)})")
-            return default
-        value = self.data[key]
-        if value not in options:
-            raise ScenarioError(f"{self.name(key)}: must be one of {', '.join(options)}, got {value!r}")
-        return str(value)
-
-    def text(self, key: str, default: str = "") -> str:
-        self.seen.add(key)
-        if not self.has(key):
-            return default
-        value = self.data[key]
-        if not isinstance(value, str):
-            raise ScenarioError(f"{self.name(key)}: must be a string, got {value!r}")
-        return value
-
-    def done(self) -> None:
-        unknown = sorted(str(k) for k in self.data if k not in self.seen)
-        if unknown:
-            raise ScenarioError(f"{self.name(unknown[0])}: unknown field")
-
-
-def _numbers(value: object, where: str, *, positive: bool = False) -> list[float]:
-    if not isinstance(value, list) or not value:
-        raise ScenarioError(f"{where}: must be a non-empty list of numbers")
-    out: list[float] = []
-    for i, v in enumerate(value):
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or v < 0 or (positive and v <= 0):
-            raise ScenarioError(f"{where}[{i}]: must be a number {'> 0' if positive else '>= 0'}, got {v!r}")
-        out.append(float(v))
-    return out
-
-
-def _read_file_numbers(path: Path, where: str) -> list[list[float]]:
-    """Rows of numbers from a text/CSV file (comma or whitespace separated, `#` comments)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ScenarioError(f"{where}: cannot read {path}: {exc.strerror or exc}") from exc
-    rows: list[list[float]] = []
-    for number, line in enumerate(lines, 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            row = [float(x) for x in line.replace(",", " ").split()]
-        except ValueError:
-            if not rows:  # a CSV header
-                continue
-            raise ScenarioError(f"{where}: {path}:{number}: not numbers: {line!r}") from None
-        if not all(math.isfinite(x) and x >= 0 for x in row):
-            raise ScenarioError(f"{where}: {path}:{number}: numbers must be finite and >= 0")
-        rows.append(row)
-    if not rows:
-        raise ScenarioError(f"{where}: {path} holds no numbers")
-    return rows
-
-
-# --------------------------------------------------------------------------------------------
-# Arrivals
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """The arrival rate over time; Poisson arrivals at `rate_at(t)` (or recorded `timestamps`).
-
-    constant: `rate`; step: `from` until `at_s`, `to` after; ramp: `from` until `start_s`, linear
-    to `to` at `end_s`, then `to`; burst: `base`, `peak` during [`at_s`, `at_s + duration_s`);
-    diurnal: `mean + amplitude * cos(2π (t - peak_at_s) / period_s)`; trace: `points` (t, rate),
-    each rate held until the next point, or `timestamps` of recorded arrivals.
-    """
-
-    kind: str
-    params: tuple[tuple[str, float], ...] = ()
-    points: tuple[tuple[float, float], ...] = ()
-    timestamps: tuple[float, ...] = ()
-
-    def p(self, key: str) -> float:
-        return dict(self.params)[key]
-
-    def rate_at(self, t: float) -> float:
-        k = self.kind
-        if k == "constant":
-            return self.p("rate")
-        if k == "step":
-            return self.p("to") if t >= self.p("at_s") else self.p("from")
-        if k == "ramp":
-            start, end, lo, hi = self.p("start_s"), self.p("end_s"), self.p("from"), self.p("to")
-            if t <= start:
-                return lo
-            if t >= end:
-                return hi
-            return lo + (hi - lo) * (t - start) / (end - start)
-        if k == "burst":
-            at = self.p("at_s")
-            return self.p("peak") if at <= t < at + self.p("duration_s") else self.p("base")
-        if k == "diurnal":
-            phase = 2 * math.pi * (t - self.p("peak_at_s")) / self.p("period_s")
-            return max(0.0, self.p("mean") + self.p("amplitude") * math.cos(phase))
-        if self.timestamps:  # a trace of timestamps: its mean rate over the trace (for plots)
-            span = max(self.timestamps[-1], 1e-9)
-            return len(self.timestamps) / span
-        times = [pt[0] for pt in self.points]
-        i = bisect_right(times, t) - 1
-        return self.points[max(i, 0)][1] if i >= 0 else 0.0
-
-    @property
-    def change_at_s(self) -> float | None:
-        """When the pattern departs from its starting level (the disturbance), if it does."""
-        if self.kind == "step":
-            return self.p("at_s")
-        if self.kind == "ramp":
-            return self.p("start_s")
-        if self.kind == "burst":
-            return self.p("at_s")
-        return None
-
-
-def _arrivals(f: _Fields, base_dir: Path | None) -> Arrivals:
-    kind = f.choice("kind", ARRIVAL_KINDS)
-    if kind == "trace":
-        return _trace(f, base_dir)
-    wanted = {
-        "constant": (("rate", False),),
-        "step": (("from", False), ("to", False), ("at_s", False)),
-        "ramp": (("from", False), ("to", False), ("start_s", False), ("end_s", False)),
-        "burst": (("base", False), ("peak", False), ("at_s", False), ("duration_s", True)),
-        "diurnal": (("mean", False), ("amplitude", False), ("period_s", True), ("peak_at_s", False)),
-    }[kind]
-    params = tuple(
-        (key, f.number(key, 0.0 if key == "peak_at_s" else None, strict=strict)) for key, strict in wanted
-    )
-    f.done()
-    values = dict(params)
-    if kind == "ramp" and values["end_s"] <= values["start_s"]:
-        raise ScenarioError(f"{f.name('end_s')}: must be after start_s ({values['start_s']:g})")
-    return Arrivals(kind, params)
-
-
-def _trace(f: _Fields, base_dir: Path | None) -> Arrivals:
-    """A recorded trace: `points: [[t, rate], ...]`, `timestamps: [...]`, or `file:` of either."""
-    fmt = f.choice("format", ("rates", "timestamps"), "rates")
-    if f.has("file"):
-        path = Path(f.text("file"))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        rows = _read_file_numbers(path, f.name("file"))
-        f.done()
-        if fmt == "timestamps":
-            stamps = [row[0] for row in rows]
-            return _timestamps(stamps, f.name("file"))
-        if any(len(row) < 2 for row in rows):
-            raise ScenarioError(f"{f.name('file')}: every row needs t and rate")
-        return _points([(row[0], row[1]) for row in rows], f.name("file"))
-    if f.has("timestamps"):
-        stamps = _numbers(f.raw("timestamps"), f.name("timestamps"))
-        f.done()
-        return _timestamps(stamps, f.name("timestamps"))
-    raw = f.raw("points")
-    f.done()
-    if not isinstance(raw, list) or not raw:
-        raise ScenarioError(f"{f.name('points')}: must be a non-empty list of [t, rate] pairs")
-    pairs: list[tuple[float, float]] = []
-    for i, pair in enumerate(raw):
-        nums = _numbers(pair, f"{f.name('points')}[{i}]")
-        if len(nums) != 2:
-            raise ScenarioError(f"{f.name('points')}[{i}]: must be a [t, rate] pair, got {pair!r}")
-        pairs.append((nums[0], nums[1]))
-    return _points(pairs, f.name("points"))
-
-
-def _points(pairs: list[tuple[float, float]], where: str) -> Arrivals:
-    times = [t for t, _ in pairs]
-    if times != sorted(times) or len(set(times)) != len(times):
-        raise ScenarioError(f"{where}: times must increase")
-    return Arrivals("trace", points=tuple(pairs))
-
-
-def _timestamps(stamps: list[float], where: str) -> Arrivals:
-    if stamps != sorted(stamps):
-        raise ScenarioError(f"{where}: timestamps must not decrease")
-    return Arrivals("trace", timestamps=tuple(stamps))
-
-
-# --------------------------------------------------------------------------------------------
-# Service times
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Service:
-    """One replica's service time per event, one event at a time.
-
-    exponential: `rate` (μ, events/s) or `mean_s`; lognormal: `p50_s` and `p99_s`, or `mean_s`
-    and `sigma`; samples: `values_s` (a list) or `file` (one time in seconds per line), drawn
-    uniformly with replacement.
-    """
-
-    kind: str
-    mean_s: float
-    mu_log: float = 0.0  # lognormal: ln of the median
-    sigma: float = 0.0  # lognormal: sigma of ln(service time)
-    samples: tuple[float, ...] = ()
-
-    @property
-    def rate(self) -> float:
-        """μ, events/s of one busy replica (1 / mean service time)."""
-        return 1.0 / self.mean_s
-
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        if self.kind == "exponential":
-            mu = self.rate
-            return lambda: rng.expovariate(mu)
-        if self.kind == "lognormal":
-            m, s = self.mu_log, self.sigma
-            return lambda: rng.lognormvariate(m, s)
-        values = self.samples
-        n = len(values)
-        return lambda: values[int(rng.random() * n)]
-
-
-def _service(f: _Fields, base_dir: Path | None) -> Service:
-    kind = f.choice("kind", SERVICE_KINDS)
-    if kind == "exponential":
-        if f.has("rate") == f.has("mean_s"):
-            raise ScenarioError(f"{f.name('rate')}: give exactly one of rate and mean_s")
-        mean = 1.0 / f.number("rate", strict=True) if f.has("rate") else f.number("mean_s", strict=True)
-        f.done()
-        return Service(kind, mean)
-    if kind == "lognormal":
-        if f.has("p50_s") or f.has("p99_s"):
-            p50, p99 = f.number("p50_s", strict=True), f.number("p99_s", strict=True)
-            if p99 <= p50:
-                raise ScenarioError(f"{f.name('p99_s')}: must be above p50_s ({p50:g}), got {p99:g}")
-            mu_log, sigma = math.log(p50), (math.log(p99) - math.log(p50)) / _Z99
-        else:
-            mean, sigma = f.number("mean_s", strict=True), f.number("sigma", strict=True)
-            mu_log = math.log(mean) - sigma * sigma / 2
-        f.done()
-        return Service(kind, math.exp(mu_log + sigma * sigma / 2), mu_log, sigma)
-    if f.has("file"):
-        path = Path(f.text("file"))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        values = [row[0] for row in _read_file_numbers(path, f.name("file"))]
-        if not all(v > 0 for v in values):
-            raise ScenarioError(f"{f.name('file')}: service times must be > 0")
-    else:
-        values = _numbers(f.raw("values_s"), f.name("values_s"), positive=True)
-    f.done()
-    return Service(kind, sum(values) / len(values), samples=tuple(values))
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,7 +102,7 @@ _WARM_FIELDS: dict[str, tuple[str, float | str]] = {
 }
 
 
-def _policy(f: _Fields) -> PolicySpec:
+def _policy(f: Fields) -> PolicySpec:
     name = f.text("name")
     if not name:
         raise ScenarioError(f"{f.name('name')}: missing")
@@ -499,7 +173,7 @@ class Scenario:
 
 def parse_scenario(data: object, *, base_dir: Path | None = None, default_name: str = "scenario") -> Scenario:
     """Validate a scenario mapping (as `yaml.safe_load` gives it); `ScenarioError` names the field."""
-    f = _Fields(data, "")
+    f = Fields(data, "")
     name = f.text("name", default_name)
     description = f.text("description")
     duration = f.number("duration_s", strict=True)
@@ -507,13 +181,13 @@ def parse_scenario(data: object, *, base_dir: Path | None = None, default_name: 
     objective = f.number("objective_s", strict=True)
     price = f.number("price_per_replica_hour", 0.0)
     interval = f.number("interval_s", 15.0, low=1.0)
-    arrivals = _arrivals(_Fields(f.raw("arrivals"), "arrivals"), base_dir)
-    service = _service(_Fields(f.raw("service"), "service"), base_dir)
-    replicas = _Fields(f.raw("replicas") if f.has("replicas") else {}, "replicas")
+    arrivals = parse_arrivals(Fields(f.raw("arrivals"), "arrivals"), base_dir)
+    service = parse_service(Fields(f.raw("service"), "service"), base_dir)
+    replicas = Fields(f.raw("replicas") if f.has("replicas") else {}, "replicas")
     initial = replicas.integer("initial", 1)
     partitions = replicas.integer("partitions", 0, low=0) or None
     replicas.done()
-    cold = _Fields(f.raw("cold_start") if f.has("cold_start") else {}, "cold_start")
+    cold = Fields(f.raw("cold_start") if f.has("cold_start") else {}, "cold_start")
     cold_start = ColdStart(
         cold.number("provisioning_s", 0.0), cold.number("image_pull_s", 0.0), cold.number("model_load_s", 0.0)
     )
@@ -521,7 +195,7 @@ def parse_scenario(data: object, *, base_dir: Path | None = None, default_name: 
     raw_policies = f.raw("policies")
     if not isinstance(raw_policies, list) or not raw_policies:
         raise ScenarioError("policies: must be a non-empty list")
-    policies = tuple(_policy(_Fields(p, f"policies[{i}]")) for i, p in enumerate(raw_policies))
+    policies = tuple(_policy(Fields(p, f"policies[{i}]")) for i, p in enumerate(raw_policies))
     names = [p.name for p in policies]
     for i, p in enumerate(policies):
         if names.count(p.name) > 1:

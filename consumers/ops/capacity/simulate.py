@@ -28,12 +28,10 @@ head from the previous start until its own, and late from `arrival + objective_s
 than `MERGE_GAP_S` apart form one episode; "time to drain" runs from the disturbance (the step,
 burst or ramp start, or `disturbance_at_s`) to the end of the first episode after it.
 
-Policies (`PolicySpec.kind`): `fixed` (a constant count; the M/M/c validation), `reactive` (the
-HPA on queue depth: `consumers.lag.hpa.hpa_desired_replicas` with its tolerance, then the HPA's
-stabilisation windows and scale-down rate limit), `docstream` (`consumers.lag.scaling`'s
-`ScalingPolicy`, the code the local autoscaler runs, fed an `Observation` built as
-`consumers.ops.autoscaler.observation` builds it), and `warm_pool` (another policy's decisions,
-with a pool of pre-warmed replicas that join after `join_s` and are replenished in the background).
+The policies (`fixed`, `reactive`, `docstream`, `warm_pool`) are `consumers.ops.capacity.policies`'s
+deciders; the reports and the timeline are `consumers.ops.capacity.report`'s. A `warm_pool` policy
+takes another policy's decisions, with a pool of pre-warmed replicas that join after `join_s` and
+are replenished in the background (`_Supply` here).
 """
 
 from __future__ import annotations
@@ -42,165 +40,19 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from consumers.lag.hpa import hpa_desired_replicas
-from consumers.lag.scaling import Observation, ScalingConfig, ScalingPolicy
+from consumers.ops.capacity.policies import Metrics, build_decider
+from consumers.ops.capacity.report import PolicyReport, SimulationReport, Timeline
 from consumers.ops.capacity.scenario import PolicySpec, Scenario
 
 __all__ = [
     "MERGE_GAP_S",
-    "Metrics",
-    "PolicyReport",
-    "SimulationReport",
-    "Timeline",
     "simulate",
     "simulate_policy",
 ]
 
 MERGE_GAP_S = 10.0  # breaches closer than this are one episode
 STEP_S = 1.0  # the queue advances (and the timeline samples) one second at a time
-
-
-# --------------------------------------------------------------------------------------------
-# What a policy sees, and the policies
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """One evaluation's view of the group, as the lag model measures it."""
-
-    t: float
-    waiting: int  # events not started (queue depth)
-    in_service: int  # events started and not finished
-    arrival_rate: float  # events/s over the policy's rate window
-    completion_rate: float  # events/s over the same window
-    head_age_s: float  # how long the oldest waiting event has waited (the time lag)
-    ready: int | None = None  # replicas that serve now (started and ready, within the partitions)
-
-    @property
-    def lag(self) -> int:
-        return self.waiting + self.in_service
-
-
-class _Decider(Protocol):
-    rate_window_s: float
-
-    def desired(self, m: Metrics, current: int) -> int: ...
-
-
-class _Fixed:
-    rate_window_s = 60.0
-
-    def __init__(self, replicas: int) -> None:
-        self.replicas = replicas
-
-    def desired(self, m: Metrics, current: int) -> int:
-        return self.replicas
-
-
-class _Reactive:
-    """The HPA on one External metric (queue depth, AverageValue target per replica).
-
-    Per evaluation: the proposal `hpa_desired_replicas(current, depth, target, tolerance)` clamped
-    to [min, max]; then the HPA's stabilisation (up to the lowest proposal of the scale-up window,
-    down to the highest of the scale-down window), its scale-up rate limit (`behavior`: at most
-    max(2c, c + 4) per evaluation) and its scale-down policy (`scale_down_pods` per
-    `scale_down_period_s`). `current` is the replicas asked for, ready or not (the HPA's spec).
-    """
-
-    rate_window_s = 60.0
-
-    def __init__(self, spec: PolicySpec) -> None:
-        self.target = float(spec.get("target_per_replica"))
-        self.use_lag = spec.get("metric") == "lag"
-        self.tolerance = float(spec.get("tolerance"))
-        self.lo, self.hi = int(spec.get("min_replicas")), int(spec.get("max_replicas"))
-        self.up_window = float(spec.get("scale_up_stabilization_s"))
-        self.down_window = float(spec.get("scale_down_stabilization_s"))
-        self.down_pods, self.down_period = (
-            int(spec.get("scale_down_pods")),
-            float(spec.get("scale_down_period_s")),
-        )
-        self.up_limit = str(spec.get("scale_up_limit"))
-        self.recommendations: deque[tuple[float, int]] = deque()
-        self.scale_downs: deque[tuple[float, int]] = deque()
-
-    def desired(self, m: Metrics, current: int) -> int:
-        usage = m.lag if self.use_lag else m.waiting
-        proposal = min(
-            max(hpa_desired_replicas(current, usage, self.target, self.tolerance), self.lo), self.hi
-        )
-        keep = max(self.up_window, self.down_window)
-        while self.recommendations and self.recommendations[0][0] <= m.t - keep:
-            self.recommendations.popleft()
-        up = min([r for t, r in self.recommendations if t > m.t - self.up_window] + [proposal])
-        down = max([r for t, r in self.recommendations if t > m.t - self.down_window] + [proposal])
-        self.recommendations.append((m.t, proposal))
-        desired = min(max(current, up), down)
-        if desired > current and self.up_limit != "none":
-            floor = current + 4 if self.up_limit == "behavior" else 4
-            desired = min(desired, max(2 * current, floor))
-        while self.scale_downs and self.scale_downs[0][0] <= m.t - self.down_period:
-            self.scale_downs.popleft()
-        if desired < current:
-            allowed = self.down_pods - sum(n for _, n in self.scale_downs)
-            desired = max(desired, current - max(allowed, 0))
-            if desired < current:
-                self.scale_downs.append((m.t, current - desired))
-        return min(max(desired, self.lo), self.hi)
-
-
-class _Docstream:
-    """docstream's `ScalingPolicy`, with the observation `consumers.ops.autoscaler` builds."""
-
-    def __init__(self, spec: PolicySpec, scenario: Scenario) -> None:
-        mu = float(spec.get("service_rate_per_replica"))
-        self.config = ScalingConfig(
-            objective_s=scenario.objective_s,
-            min_replicas=int(spec.get("min_replicas")),
-            max_replicas=int(spec.get("max_replicas")),
-            target_utilisation=float(spec.get("target_utilisation")),
-            burst_step=int(spec.get("burst_step")),
-            up_window_s=float(spec.get("up_window_s")),
-            down_window_s=float(spec.get("down_window_s")),
-            quiet_period_s=float(spec.get("quiet_period_s")),
-            max_scale_in=int(spec.get("max_scale_in")),
-            service_rate_per_replica=mu if mu > 0 else None,
-            saturation_backlog_s=float(spec.get("saturation_backlog_s")),
-            lead_s=scenario.cold_start.total_s,  # what an operator knows: their cold start
-        )
-        self.rate_window_s = float(spec.get("rate_window_s"))
-        self.partitions = scenario.partitions or self.config.max_replicas
-        self.policy = ScalingPolicy(self.config)
-
-    def desired(self, m: Metrics, current: int) -> int:
-        # As consumers.ops.autoscaler.observation: current = the live replicas (started, ready or
-        # not), ready = those that serve (the group's members), lag = waiting + in service,
-        # backlog_s = the time lag (the oldest unsettled event).
-        obs = Observation(
-            now_ms=round(m.t * 1000),
-            current_replicas=current,
-            lag_events=m.lag,
-            arrival_rate=max(0.0, m.arrival_rate),
-            completion_rate=max(0.0, m.completion_rate),
-            backlog_s=m.head_age_s,
-            partitions=self.partitions,
-            ready_replicas=m.ready,
-        )
-        return self.policy.evaluate(obs).desired_replicas
-
-
-def _decider(spec: PolicySpec, scenario: Scenario) -> _Decider:
-    if spec.kind == "fixed":
-        return _Fixed(int(spec.get("replicas")))
-    if spec.kind == "reactive":
-        return _Reactive(spec)
-    if spec.kind == "docstream":
-        return _Docstream(spec, scenario)
-    return _decider(scenario.policy(str(spec.get("with"))), scenario)
 
 
 class _Supply:
@@ -220,106 +72,6 @@ class _Supply:
                 out.append(now + self.join_s)
                 self.slots[i] = now + self.cold_s  # a new warm replica, started in the background
         return out + [now + self.cold_s] * (n - len(out))
-
-
-# --------------------------------------------------------------------------------------------
-# Reports
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Timeline:
-    """Per-second samples at each second's end (for plots)."""
-
-    t: list[float] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)  # events/s arrived in the second
-    capacity: list[float] = field(default_factory=list)  # ready serving replicas x μ
-    backlog: list[float] = field(default_factory=list)  # lag: waiting + in service
-    replicas: list[float] = field(default_factory=list)  # asked for, ready or not
-
-
-@dataclass(frozen=True)
-class PolicyReport:
-    name: str
-    kind: str
-    time_outside_s: float
-    episodes: tuple[tuple[float, float], ...]  # (start, end) of each breach, merged
-    breached_at_end: bool
-    time_to_drain_s: float | None  # disturbance -> end of the first breach after it; None: not drained
-    peak_backlog: int
-    max_wait_s: float
-    mean_wait_s: float  # over events arriving after warmup_s that started
-    late_fraction: float  # of those, the fraction that waited longer than the objective
-    events: int  # arrived
-    replica_hours: float  # warm pool included
-    cost: float
-    max_replicas: int
-    scale_ups: int
-    scale_downs: int
-
-    @property
-    def first_episode_s(self) -> float:
-        return self.episodes[0][1] - self.episodes[0][0] if self.episodes else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "time_outside_s": round(self.time_outside_s, 3),
-            "episodes": [[round(a, 3), round(b, 3)] for a, b in self.episodes],
-            "breached_at_end": self.breached_at_end,
-            "time_to_drain_s": None if self.time_to_drain_s is None else round(self.time_to_drain_s, 3),
-            "peak_backlog": self.peak_backlog,
-            "max_wait_s": round(self.max_wait_s, 3),
-            "mean_wait_s": round(self.mean_wait_s, 6),
-            "late_fraction": round(self.late_fraction, 6),
-            "events": self.events,
-            "replica_hours": round(self.replica_hours, 4),
-            "cost": round(self.cost, 4),
-            "max_replicas": self.max_replicas,
-            "scale_ups": self.scale_ups,
-            "scale_downs": self.scale_downs,
-        }
-
-
-@dataclass(frozen=True)
-class SimulationReport:
-    scenario: Scenario
-    seed: int
-    policies: tuple[PolicyReport, ...]
-    timelines: dict[str, Timeline]
-
-    def to_dict(self) -> dict[str, Any]:
-        s = self.scenario
-        return {
-            "scenario": s.name,
-            "seed": self.seed,
-            "method": "exact per-event DES (pooled FIFO, Kiefer-Wolfowitz, 1 s steps)",
-            "duration_s": s.duration_s,
-            "objective_s": s.objective_s,
-            "objective": "the oldest waiting event has waited at most objective_s",
-            "disturbance_at_s": s.disturbance_at_s,
-            "cold_start_s": s.cold_start.total_s,
-            "service_rate_per_replica": round(s.service.rate, 6),
-            "price_per_replica_hour": s.price_per_replica_hour,
-            "policies": [p.to_dict() for p in self.policies],
-        }
-
-    def table(self) -> list[str]:
-        """The comparison as fixed-width text lines."""
-        head = (
-            f"{'policy':<12} {'outside':>9} {'drain':>8} {'peak':>7} {'max wait':>9} {'rep-h':>7} "
-            f"{'cost':>8} {'max rep':>7} {'ups':>4} {'downs':>5}"
-        )
-        lines = [head, "-" * len(head)]
-        for p in self.policies:
-            drain = "never" if p.time_to_drain_s is None else f"{p.time_to_drain_s:.0f} s"
-            lines.append(
-                f"{p.name:<12} {p.time_outside_s:>7.0f} s {drain:>8} {p.peak_backlog:>7} "
-                f"{p.max_wait_s:>7.1f} s {p.replica_hours:>7.2f} {p.cost:>8.2f} {p.max_replicas:>7} "
-                f"{p.scale_ups:>4} {p.scale_downs:>5}"
-            )
-        return lines
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,7 +99,7 @@ def simulate_policy(
     arrival_rng = random.Random(f"{seed}/arrivals")
     service_time = s.service.sampler(random.Random(f"{seed}/service"))
     expovariate = arrival_rng.expovariate
-    decider = _decider(spec, s)
+    decider = build_decider(spec, s)
     supply = _Supply(
         s.cold_start.total_s,
         int(spec.get("size", 0)) if spec.kind == "warm_pool" else 0,

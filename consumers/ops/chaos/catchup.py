@@ -43,7 +43,7 @@ from typing import Any
 
 from consumers.lag.model import scaling_config
 from consumers.lag.monitor import LagMonitor
-from consumers.lag.queueing import PlanInputs, plan
+from consumers.lag.plan import PlanInputs, plan
 from consumers.ops.autoscaler import Autoscaler
 from consumers.ops.chaos.checker import query
 from consumers.ops.chaos.pipeline import Pipeline
