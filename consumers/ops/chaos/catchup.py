@@ -14,7 +14,7 @@ analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX thre
 4. the catch-up: an `Autoscaler` for the OCR group alone (min 1, max `max_replicas`, the
    scaling settings otherwise), started from scratch; the group has drained when its lag first
    falls back to the largest lag of the warm-up;
-5. the prediction: `plan` (consumers.lag.queueing) with λ as published (documents /
+5. the prediction: `plan` (consumers.lag.plan) with λ as published (documents /
    seconds), S = 1/μ, `max_replicas` and the backlog at the restart (the group's lag then):
    B / (cμ - λ).
 
