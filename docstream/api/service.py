@@ -26,7 +26,8 @@ from consumers.warehouse.query_server import data_dir
 from docstream.api.admission import AdmissionControl, Quota
 from docstream.api.ingest import Ingest
 from docstream.api.keys import KeyStore
-from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.outbox import Outbox
+from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import Registry
 from docstream.api.tracker import Tracker
 from docstream.api.watch import ClusterWatch, SamplerProcess, SamplerSpec, log_format_in_use
