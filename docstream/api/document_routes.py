@@ -1,5 +1,7 @@
-"""GET /v1/documents/{id} and its results: where a document is per group, its text, its chunks,
-its thumbnails; each of the asking tenant's own documents only (another tenant's is 404).
+"""GET /v1/documents/{id} and its results: where a document is per group, its text, chunks, thumbnails.
+
+Each answers for the asking tenant's own documents only: another tenant's is 404, exactly as one
+that does not exist.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The API's front layer (request id and trace context, the body limit, request metrics) and its
-Prometheus metrics, for the app of docstream.api.app.
+"""The app's front ASGI layer (request id, trace context, body limit, request metrics); its metrics.
+
+`FrontMiddleware` wraps the app of docstream.api.app; `Metrics` is its Prometheus registry, which
+the upload route counts into too and GET /metrics serves.
 """
 
 from __future__ import annotations
