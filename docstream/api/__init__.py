@@ -1,16 +1,24 @@
 """The front door: an HTTP ingest API in front of the publisher (docs/api.md).
 
-app.py        the FastAPI app: routes, API keys, request id and trace context, body limit, metrics
-service.py    its parts wired from the settings, their threads, /health
-server.py     uvicorn in the foreground (`docstream api serve`) or in a thread (`up`, `demo`, tests)
-ingest.py     one upload: check, deduplicate, admit, store, deliver (or keep in the outbox), record
-admission.py  202 or 429: the predicted wait per partition against the objective (bulk refused
-              first), a token bucket per tenant, an honest Retry-After
-watch.py      the cluster as last sampled in the background: admission's input, /health's groups
-outbox.py     events accepted while the broker cannot be reached (SQLite, fsync'd), relayed in order
-keys.py       API keys per tenant, stored hashed; `docstream api keys` creates, lists and revokes them
-registry.py   the accepted documents and where each group has got with them (SQLite)
-tracker.py    follows the results, dead-letter and retry topics into the registry
-status.py     GET /v1/documents/{id}: queued, processing, done, failed or outbox, per group
-trace.py      the request id and the W3C trace context
+app.py              the FastAPI app put together: middleware, routes, /health, /metrics, OpenAPI
+upload_route.py     POST /v1/documents: the multipart or JSON body read, the 202 answered
+document_routes.py  GET /v1/documents/{id} and its text, chunks and thumbnails, per tenant
+auth.py             the tenant of a request's API key (Bearer or X-API-Key), or 401
+middleware.py       request id and trace context, the body limit, the request metrics
+shapes.py           the documented shapes of the answers and JSON uploads (OpenAPI)
+service.py          its parts wired from the settings, their threads, /health
+server.py           uvicorn in the foreground (`docstream api serve`) or in a thread (`up`, `demo`, tests)
+ingest.py           one upload: check, deduplicate, admit, store, deliver (or keep in the outbox), record
+admission.py        202 or 429: the predicted wait per partition against the objective (bulk refused
+                    first), a token bucket per tenant, an honest Retry-After
+watch.py            the cluster as last sampled in the background: admission's input, /health's groups
+sampler.py          one sample of the cluster, taken in a child process (a librdkafka abort costs one)
+outbox.py           events accepted while the broker cannot be reached (SQLite, fsync'd), relayed in order
+outbox_relay.py     the thread relaying the outbox while records wait, quiet during an outage
+keys.py             API keys per tenant, stored hashed; `docstream api keys` creates, lists and revokes them
+registry.py         the accepted documents and where each group has got with them (SQLite)
+tracker.py          follows the results, dead-letter and retry topics into the registry
+registry_updates.py what a result, dead-letter or retry record means for the registry (pure)
+status.py           GET /v1/documents/{id}: queued, processing, done, failed or outbox, per group
+trace.py            the request id and the W3C trace context
 """

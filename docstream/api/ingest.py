@@ -41,7 +41,8 @@ from typing import Any
 from consumers.pages import inspect_document
 from docstream import validation
 from docstream.api.admission import Admission, AdmissionControl, Priority
-from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.outbox import Outbox
+from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import DocumentRow, Registry
 from docstream.api.trace import TraceContext
 from docstream.blobstore import BlobStore, StoredContent

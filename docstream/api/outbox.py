@@ -8,16 +8,17 @@ goes back, even across restarts (`AUTOINCREMENT`); reopening the same path finds
 yet relayed. At `max_records` waiting, `put` raises `OutboxFull` (the front door answers 503 with
 Retry-After) rather than growing without bound.
 
-Relaying (`Outbox.relay_once`, and the `OutboxRelay` thread that calls it while records wait)
-produces the waiting records in sequence order through a `producers.publisher.Publisher` (acks=all,
-idempotent) and deletes a record only after the broker acknowledged it and every record before
-it. At the first failed delivery it stops; the next attempt starts again from that record, so the
-records of one key reach their partition in the order they were put. (One exception, from
-librdkafka, not from the outbox: when a record of a batch fails while a later record of the same
-batch is acknowledged anyway, that later record is on the topic before the failed one's copy;
-the relay stops at the failure, so it is also sent again after it.) Records produced and not yet
-acknowledged stay *in flight*: a later attempt waits for them rather than producing them again,
-so a broker outage does not pile copies up in the producer's queue.
+Relaying (`Outbox.relay_once`, and the `OutboxRelay` thread of docstream.api.outbox_relay that
+calls it while records wait) produces the waiting records in sequence order through a
+`producers.publisher.Publisher` (acks=all, idempotent) and deletes a record only after the broker
+acknowledged it and every record before it. At the first failed delivery it stops; the next
+attempt starts again from that record, so the records of one key reach their partition in the
+order they were put. (One exception, from librdkafka, not from the outbox: when a record of a
+batch fails while a later record of the same batch is acknowledged anyway, that later record is
+on the topic before the failed one's copy; the relay stops at the failure, so it is also sent
+again after it.) Records produced and not yet acknowledged stay *in flight*: a later attempt
+waits for them rather than producing them again, so a broker outage does not pile copies up in
+the producer's queue.
 
 Duplicates, not losses. A crash (or SIGKILL) after the broker acknowledged a record and before
 its deletion was committed relays that record again after the restart. The copy is byte for byte
@@ -26,11 +27,9 @@ and docstream's consumers count an identical upload once (by tenant, document id
 `uploaded_at`, see producers.publisher), so a duplicate causes no second effect and no second
 rollup count. Relaying is at least once on purpose; it is not made exactly once.
 
-The relay thread logs one WARNING line when the broker stops acknowledging ("unreachable ...;
-N records wait") and one INFO line when relaying works again; never a line per attempt (as
-docstream.kafka.connection's `ConnectionWatch` does for the workers). librdkafka prints its own
-line per failed connect on stderr unless the publisher is given a logger: build it with
-`overrides={"logger": ConnectionWatch(name).client_config()["logger"]}` to keep those at DEBUG.
+librdkafka prints its own line per failed connect on stderr unless the publisher is given a
+logger: build it with `overrides={"logger": ConnectionWatch(name).client_config()["logger"]}` to
+keep those at DEBUG (the relay thread's own lines: docstream.api.outbox_relay).
 
     outbox = Outbox(home / "outbox" / "outbox.db", max_records=100_000)
     outbox.put("doc.uploaded", key, value, [("traceparent", b"00-...")])
@@ -41,7 +40,6 @@ line per failed connect on stderr unless the publisher is given a logger: build 
 from __future__ import annotations
 
 import contextlib
-import logging
 import sqlite3
 import struct
 import threading
@@ -53,10 +51,8 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from docstream.blobstore import private_file
-from docstream.errors import DeliveryError, KafkaError, OutboxError, OutboxFull
+from docstream.errors import DeliveryError, OutboxError, OutboxFull
 from producers.publisher import Headers
-
-log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 256
 Header = tuple[str, bytes]
@@ -294,115 +290,6 @@ class Outbox:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class OutboxRelay:
-    """A thread relaying the outbox's records while any wait (`start`, `stop`, or `with`).
-
-    Between attempts it waits for a `put` (or `idle_s`, for records put by another process).
-    When deliveries fail, or no acknowledgement comes for `unreachable_after_s`, the broker is
-    taken as unreachable: one WARNING line, then attempts every `backoff_s`, doubling up to
-    `max_backoff_s`; the first acknowledgement after that logs one INFO line. `stop()` returns
-    within about `slice_s` (records in flight stay in the outbox, relayed by the next relay).
-    """
-
-    def __init__(
-        self,
-        outbox: Outbox,
-        publisher: RawPublisher,
-        *,
-        name: str = "outbox relay",
-        batch: int = DEFAULT_BATCH,
-        idle_s: float = 1.0,
-        slice_s: float = 0.25,
-        unreachable_after_s: float = 10.0,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 10.0,
-    ) -> None:
-        self.outbox, self.publisher, self.name = outbox, publisher, name
-        self._batch, self._idle_s, self._slice_s = batch, idle_s, slice_s
-        self._unreachable_after_s = unreachable_after_s
-        self._backoff_s, self._max_backoff_s = backoff_s, max_backoff_s
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.down_since: float | None = None  # monotonic; None while the broker acknowledges
-        self.relayed = 0
-        self.outages = 0
-
-    def start(self) -> OutboxRelay:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self.outbox.wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def __enter__(self) -> OutboxRelay:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        backoff = self._backoff_s
-        stalled_since: float | None = None  # when acknowledgements stopped coming
-        while not self._stopping.is_set():
-            try:
-                relayed = self.outbox.relay_once(self.publisher, batch=self._batch, timeout_s=self._slice_s)
-            except (KafkaError, OutboxError) as exc:
-                self._unreachable(str(exc))
-                self._stopping.wait(backoff)
-                backoff = min(2 * backoff, self._max_backoff_s)
-                continue
-            except Exception:  # a bug must not end the relay silently and for good
-                log.exception("%s: relaying failed", self.name)
-                self._stopping.wait(backoff)
-                continue
-            now = time.monotonic()
-            if relayed:
-                self.relayed += relayed
-                stalled_since, backoff = None, self._backoff_s
-                self._reachable(now)
-            elif self.outbox.in_flight:
-                stalled_since = stalled_since or now
-                if now - stalled_since >= self._unreachable_after_s:
-                    self._unreachable(f"no acknowledgement for {now - stalled_since:.0f} s")
-            else:
-                stalled_since = None
-                self.outbox.wake.clear()
-                if not self.outbox.depth:
-                    self.outbox.wake.wait(self._idle_s)
-
-    def _unreachable(self, reason: str) -> None:
-        if self.down_since is not None:
-            return
-        self.down_since = time.monotonic()
-        self.outages += 1
-        log.warning(
-            "%s: Kafka broker(s) unreachable (%s); %d records wait in the outbox; retrying, quiet"
-            " until they are relayed again",
-            self.name,
-            reason,
-            self.outbox.depth,
-        )
-
-    def _reachable(self, now: float) -> None:
-        if self.down_since is None:
-            return
-        log.info(
-            "%s: relaying again after %.0f s; %d records wait",
-            self.name,
-            now - self.down_since,
-            self.outbox.depth,
-        )
-        self.down_since = None
 
 
 def _encode_headers(headers: Sequence[Header]) -> bytes | None:

@@ -26,10 +26,12 @@ from consumers.warehouse.query_server import data_dir
 from docstream.api.admission import AdmissionControl, Quota
 from docstream.api.ingest import Ingest
 from docstream.api.keys import KeyStore
-from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.outbox import Outbox
+from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import Registry
+from docstream.api.sampler import SamplerProcess, SamplerSpec, log_format_in_use
 from docstream.api.tracker import Tracker
-from docstream.api.watch import ClusterWatch, SamplerProcess, SamplerSpec, log_format_in_use
+from docstream.api.watch import ClusterWatch
 from docstream.blobstore import BlobStore, private_file
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config

@@ -23,7 +23,8 @@ import pytest
 from consumers.lag.targets import resolve_targets
 from docstream.api import watch as watch_module
 from docstream.api.admission import AdmissionControl, Quota
-from docstream.api.watch import ClusterWatch, SamplerProcess, SamplerSpec
+from docstream.api.sampler import SamplerProcess, SamplerSpec
+from docstream.api.watch import ClusterWatch
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, STAGE_NAMES, declared_topics, group_id
@@ -109,7 +110,7 @@ def test_the_sampling_process_exits_when_the_api_process_is_sigkilled(settings: 
     script = """
 import pickle
 import sys
-from docstream.api.watch import SamplerProcess
+from docstream.api.sampler import SamplerProcess
 sampler = SamplerProcess(pickle.loads(bytes.fromhex(sys.argv[1])))
 sampler.sample(after_outage=False)
 print(sampler.pid, flush=True)

@@ -25,7 +25,8 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 from kafka_helpers import create_topics, own_broker, value_of
 
-from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.outbox import Outbox
+from docstream.api.outbox_relay import OutboxRelay
 from docstream.kafka.connection import ConnectionWatch
 from infra.broker import LocalBroker
 from producers.publisher import Publisher

@@ -12,7 +12,7 @@ import pytest
 from consumers.ops.dlq.entries import RedriveStep, encode_history
 from consumers.runtime import headers as hdr
 from docstream.api.registry import DONE, FAILED, DocumentRow, Registry
-from docstream.api.tracker import (
+from docstream.api.registry_updates import (
     done_update,
     epoch_ms,
     failed_update,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from docstream.api.outbox import Outbox, OutboxRelay
+from docstream.api.outbox import Outbox
+from docstream.api.outbox_relay import OutboxRelay
 from docstream.errors import DeliveryError, DocstreamError, OutboxError, OutboxFull
 from producers.publisher import Headers
 
