@@ -1,7 +1,7 @@
 """The API's cluster watch samples in a child process: an abort there costs one sample, not the API.
 
 librdkafka 2.16 can abort the process that holds an admin client when a broker goes away under a
-request in flight (docstream/api/watch.py). These tests SIGABRT the sampling child the way such an
+request in flight (docstream/api/sampler.py). These tests SIGABRT the sampling child the way such an
 abort ends it, on the session's real broker, and check that the watch logs the end once, keeps its
 last sample for admission, starts a new child that samples again, and that a child whose parent
 was SIGKILLed exits on its own instead of lingering.

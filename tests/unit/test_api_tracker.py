@@ -1,4 +1,5 @@
-"""docstream.api.tracker's pure part (a record -> a registry update) and the registry's redrives."""
+"""docstream.api.registry_updates (a record -> a registry update, the tracker's pure part) and the
+registry's redrives."""
 
 from __future__ import annotations
 
