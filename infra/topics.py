@@ -43,7 +43,7 @@ from docstream.errors import KafkaError
 from docstream.kafka import clients
 from docstream.kafka.errors import code, translated
 from docstream.topology import TopicSpec
-from infra.broker import min_insync
+from infra.server_properties import min_insync
 
 # The topic configs `describe_topics` reports besides the declared ones.
 CONFIGS_OF_INTEREST = (
@@ -193,7 +193,7 @@ class Replication:
     @classmethod
     def for_brokers(cls, brokers: int, factor: int | None = None) -> Replication:
         """`factor` when given, else one replica per broker up to `MAX_AUTO_REPLICAS`; min.insync
-        2 from three replicas up, else 1 (`infra.broker.min_insync`)."""
+        2 from three replicas up, else 1 (`infra.server_properties.min_insync`)."""
         chosen = factor if factor is not None else min(MAX_AUTO_REPLICAS, max(1, brokers))
         return cls(chosen, min_insync(chosen))
 
