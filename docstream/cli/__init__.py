@@ -9,6 +9,7 @@ from docstream.cli import (
     broker,
     capacity,
     chaos,
+    demo,
     dlq,
     lag,
     publish,
@@ -32,6 +33,7 @@ app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility ch
 app.add_typer(dlq.app, name="dlq", help="Dead letters: list, show and redrive them.")
 app.add_typer(api.app, name="api", help="The HTTP ingest API: serve it, manage its keys per tenant.")
 app.command(name="publish")(publish.publish)
+demo.register(app)
 run.register(app)
 warehouse.register(app)
 lag.register(app)
