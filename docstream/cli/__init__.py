@@ -1,4 +1,5 @@
-"""The `docstream` command: one Typer app, one sub-command module per area."""
+"""The `docstream` command: one Typer app, one sub-command module per area (`_common` and
+`_dlq_render` are helpers of those modules, not commands)."""
 
 from __future__ import annotations
 
