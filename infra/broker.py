@@ -1,9 +1,10 @@
 """A local single-node Apache Kafka broker (KRaft), run from the jars on Maven Central.
 
 `LocalBroker` is what `docstream broker ...` and the test session drive. It fetches the jars
-(`mvn dependency:copy-dependencies`, see infra/kafka/pom.xml), renders a server.properties for one
-combined broker+controller node on loopback, formats the storage once, starts the JVM detached
-from the caller (it outlives `docstream broker start`) and finds it again through a pid file.
+(`infra.jars`: `mvn dependency:copy-dependencies`, see infra/kafka/pom.xml), renders a
+server.properties for one combined broker+controller node on loopback (`infra.server_properties`),
+formats the storage once, starts the JVM detached from the caller (it outlives `docstream broker
+start`) and finds it again through a pid file (`infra.processes`).
 
 Everything it writes lives under its work directory:
 
@@ -14,68 +15,35 @@ Everything it writes lives under its work directory:
 
 The class takes explicit arguments; `infra.cluster.for_settings` builds the one(s) the settings
 describe (a cluster of one node is this broker in the work directory itself).
-
-One broker's life cycle, hence one module over the usual size: fetching its jars, starting,
-finding, stopping and tailing it all go through the same work directory and pid file, and the
-process and tool helpers at the end serve only `LocalBroker`.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import hashlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
-from docstream.errors import BrokerError, ToolMissingError
+from docstream.errors import BrokerError
+from infra import jars
+from infra.jars import DEFAULT_LIB_DIR, KAFKA_DIR
+from infra.processes import (
+    LOG_TAIL_LINES,
+    broker_alive,
+    follow_lines,
+    is_stopped,
+    require_tool,
+    send_signal,
+    spawn_detached,
+)
+from infra.server_properties import HOST, new_cluster_id, render_server_properties
 
-KAFKA_DIR = Path(__file__).resolve().parent / "kafka"
-DEFAULT_LIB_DIR = KAFKA_DIR / "lib"
-POM_PATH = KAFKA_DIR / "pom.xml"
 LOG_CONFIG_PATH = KAFKA_DIR / "log4j2.yaml"
-FETCHED_MARKER = ".fetched"
-HOST = "127.0.0.1"
-LOG_TAIL_LINES = 20
 POLL_INTERVAL_S = 0.1
-
-INSTALL_HINTS = {
-    "java": "Java 17+ (e.g. `apt-get install openjdk-17-jre-headless` or `brew install openjdk@17`)",
-    "mvn": "Apache Maven (e.g. `apt-get install maven` or `brew install maven`)",
-}
-
-# One node on a small machine. Each line is here because Kafka's default is wrong for it.
-SINGLE_NODE_SETTINGS: dict[str, str] = {
-    "process.roles": "broker,controller",
-    "node.id": "1",
-    "controller.listener.names": "CONTROLLER",
-    "inter.broker.listener.name": "PLAINTEXT",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-    # There is one broker, so every internal topic has one replica.
-    "offsets.topic.replication.factor": "1",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
-    # A first consumer-group join in ~0 s instead of 3 s, on a one-partition offsets topic.
-    "offsets.topic.num.partitions": "1",
-    "group.initial.rebalance.delay.ms": "0",
-    "num.network.threads": "2",
-    "num.io.threads": "2",
-    # Topics are declared as code (`docstream topics ensure`); a typo must not create one.
-    "auto.create.topics.enable": "false",
-    "num.partitions": "1",
-}
 
 
 @dataclass(frozen=True)
@@ -106,63 +74,6 @@ def port_answers(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def new_cluster_id() -> str:
-    """A cluster id as `kafka-storage random-uuid` makes one (16 random bytes, URL-safe base64)."""
-    while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not cluster_id.startswith("-"):  # Kafka's own generator avoids these too
-            return cluster_id
-
-
-def render_server_properties(
-    broker_port: int,
-    controller_port: int,
-    data_dir: Path,
-    *,
-    node_id: int = 1,
-    voters: str | None = None,
-    replicas: int = 1,
-) -> str:
-    """The server.properties of one combined broker+controller node on loopback: alone (the
-    defaults), or node `node_id` of a cluster whose controller quorum is `voters` and whose
-    internal topics have `replicas` replicas (infra.cluster)."""
-    settings = {
-        **SINGLE_NODE_SETTINGS,
-        "node.id": str(node_id),
-        "controller.quorum.voters": voters or f"{node_id}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{broker_port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker_port}",
-        "log.dirs": str(data_dir),
-    }
-    if replicas > 1:
-        settings.update(replicated_settings(replicas))
-    lines = ["# Written by infra/broker.py on every `docstream broker start`; edits are lost."]
-    lines += [f"{key}={value}" for key, value in settings.items()]
-    return "\n".join(lines) + "\n"
-
-
-def replicated_settings(replicas: int) -> dict[str, str]:
-    """A cluster's replication defaults: internal topics and new topics on `replicas` brokers,
-    writes acknowledged by all in-sync replicas only while at least `min_insync(replicas)` are."""
-    isr = str(min_insync(replicas))
-    return {
-        "offsets.topic.replication.factor": str(replicas),
-        "offsets.topic.num.partitions": str(replicas),  # group coordinators spread over the brokers
-        "transaction.state.log.replication.factor": str(replicas),
-        "transaction.state.log.min.isr": isr,
-        "share.coordinator.state.topic.replication.factor": str(replicas),
-        "share.coordinator.state.topic.min.isr": isr,
-        "default.replication.factor": str(replicas),
-        "min.insync.replicas": isr,
-    }
-
-
-def min_insync(replicas: int) -> int:
-    """min.insync.replicas for a replication factor: 2 from three replicas up (one replica may be
-    lost without refusing writes, and an acknowledged write is on two brokers), else 1."""
-    return 2 if replicas >= 3 else 1
 
 
 class LocalBroker:
@@ -216,35 +127,11 @@ class LocalBroker:
 
     def jars_fetched(self) -> bool:
         """Whether the lib dir holds the jars of the current pom.xml."""
-        marker = self.lib_dir / FETCHED_MARKER
-        return marker.is_file() and marker.read_text().strip() == _pom_digest()
+        return jars.jars_fetched(self.lib_dir)
 
     def fetch_jars(self, timeout: float = 900.0) -> bool:
         """Put the broker's jars into the lib dir with Maven; False when they were already there."""
-        marker = self.lib_dir / FETCHED_MARKER
-        if self.jars_fetched():
-            marker.touch()  # keeps `make` from asking again when pom.xml is newer but unchanged
-            return False
-        mvn = _require_tool(self.mvn, "mvn")
-        _require_tool(self.java, "java")
-        staging = self.lib_dir / ".fetching"  # inside lib: git-ignored even if a fetch is cut short
-        shutil.rmtree(staging, ignore_errors=True)
-        command = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(POM_PATH),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging}",
-        ]
-        output = _run_tool(command, timeout, "mvn could not fetch the Kafka jars")
-        if not any(staging.glob("kafka_*.jar")):
-            raise BrokerError(f"mvn finished but fetched no Kafka jar into {staging}:\n{output}")
-        _replace_jars(staging, self.lib_dir)
-        marker.write_text(_pom_digest() + "\n")
-        return True
+        return jars.fetch_jars(self.lib_dir, mvn=self.mvn, java=self.java, timeout=timeout)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -280,7 +167,7 @@ class LocalBroker:
             )
 
     def _launch(self) -> int:
-        java = _require_tool(self.java, "java")
+        java = require_tool(self.java, "java")
         self._check_jars()
         self._check_ports_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -295,7 +182,7 @@ class LocalBroker:
             "kafka.Kafka",
             str(self.properties_path),
         ]
-        pid = _spawn_detached(command, self.log_path)
+        pid = spawn_detached(command, self.log_path)
         self.pid_path.write_text(f"{pid}\n")
         return pid
 
@@ -360,7 +247,7 @@ class LocalBroker:
         """Ready = the broker port accepts: Kafka opens it only once the broker is unfenced."""
         deadline = time.monotonic() + timeout
         while not port_answers(self.broker_port):
-            if not _alive(pid):
+            if not broker_alive(pid):
                 raise BrokerError(f"the broker (pid {pid}) exited while starting:\n{self._log_tail()}")
             if time.monotonic() > deadline:
                 raise BrokerError(
@@ -377,9 +264,9 @@ class LocalBroker:
         return pid is not None
 
     def _terminate(self, pid: int, grace_s: float) -> None:
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
         if not self._wait_for_exit(pid, grace_s):
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
             self._wait_for_exit(pid, 10.0)
 
     def kill(self) -> bool:
@@ -387,8 +274,8 @@ class LocalBroker:
         none was running."""
         pid = self._live_pid()
         if pid is not None:
-            _signal(pid, signal.SIGCONT)  # a paused JVM dies as well, but say so to the reaper
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGCONT)  # a paused JVM dies as well, but say so to the reaper
+            send_signal(pid, signal.SIGKILL)
             self._wait_for_exit(pid, 10.0)
         self.pid_path.unlink(missing_ok=True)
         return pid is not None
@@ -398,19 +285,19 @@ class LocalBroker:
         peers and clients see it); False when none was running."""
         pid = self._live_pid()
         if pid is not None:
-            _signal(pid, signal.SIGSTOP)
+            send_signal(pid, signal.SIGSTOP)
         return pid is not None
 
     def resume(self) -> bool:
         """SIGCONT after `pause`; False when none was running."""
         pid = self._live_pid()
         if pid is not None:
-            _signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGCONT)
         return pid is not None
 
     def _wait_for_exit(self, pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while _alive(pid):
+        while broker_alive(pid):
             if time.monotonic() > deadline:
                 return False
             time.sleep(POLL_INTERVAL_S)
@@ -421,7 +308,7 @@ class LocalBroker:
     def status(self) -> BrokerStatus:
         pid = self._live_pid()
         uptime = time.time() - self.pid_path.stat().st_mtime if pid is not None else None
-        paused = pid is not None and _stopped(pid)
+        paused = pid is not None and is_stopped(pid)
         return BrokerStatus(
             running=pid is not None and not paused and port_answers(self.broker_port),
             pid=pid,
@@ -440,7 +327,7 @@ class LocalBroker:
         with self.log_path.open(encoding="utf-8", errors="replace") as log:
             yield from deque(log, maxlen=lines)
             if follow:
-                yield from _follow(log)
+                yield from follow_lines(log)
 
     def _log_tail(self) -> str:
         if not self.log_path.exists():
@@ -456,119 +343,4 @@ class LocalBroker:
             pid = int(self.pid_path.read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
-
-
-def _follow(log: TextIO) -> Iterator[str]:
-    """Lines appended to an open text file after its end was reached (like `tail -f`)."""
-    partial = ""
-    while True:
-        chunk = log.readline()
-        if not chunk:
-            time.sleep(0.25)
-            continue
-        partial += chunk
-        if partial.endswith("\n"):
-            yield partial
-            partial = ""
-
-
-def _spawn_detached(command: list[str], log_path: Path) -> int:
-    """Start `command` in a session of its own (Ctrl-C in the caller does not reach it), stdout
-    and stderr appended to log_path; its pid.
-
-    Not subprocess.Popen: the broker outlives its starter by design, and a Popen object collected
-    while its child runs warns about it. `_alive` reaps the child once it has ended.
-    """
-    return os.posix_spawn(
-        command[0],
-        command,
-        os.environ,  # handed through unread, as a shell would
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-    )
-
-
-def _alive(pid: int) -> bool:
-    """Whether pid is a running Kafka broker; a child of this process that has ended is reaped."""
-    try:
-        ended, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return _is_kafka_process(pid)  # not our child: another `docstream` started it
-    return ended == 0
-
-
-def _is_kafka_process(pid: int) -> bool:
-    """Alive, and (where /proc tells) a Kafka JVM rather than a process that reused the pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # someone else's process: not a broker we started
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if not cmdline.parent.exists():
-        return True  # no /proc (macOS): trust the pid file
-    try:
-        return b"kafka.Kafka" in cmdline.read_bytes()  # empty for a zombie
-    except OSError:
-        return False
-
-
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped by a signal (SIGSTOP), where /proc tells."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
-
-
-def _signal(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it may have exited on its own meanwhile
-        os.kill(pid, signum)
-
-
-def _require_tool(command: str, tool: str) -> str:
-    """The full path of `command`, which provides `tool` (a key of INSTALL_HINTS)."""
-    path = shutil.which(command)
-    if path is None:
-        raise ToolMissingError(
-            f"`{command}` was not found on PATH: the local Kafka broker needs {INSTALL_HINTS[tool]}"
-        )
-    return path
-
-
-def _run_tool(command: list[str], timeout: float, failure: str) -> str:
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise BrokerError(f"{failure}: no answer within {timeout:.0f} s") from exc
-    output = (result.stdout + result.stderr).strip()
-    if result.returncode != 0:
-        tail = "\n".join(output.splitlines()[-LOG_TAIL_LINES:])
-        raise BrokerError(f"{failure} (exit {result.returncode}):\n{tail}")
-    return output
-
-
-def _replace_jars(staging: Path, lib_dir: Path) -> None:
-    """Make lib_dir hold exactly the staged jars (two Kafka versions on one classpath would mix).
-
-    Each jar is swapped in with os.replace, so a broker running from the old files keeps them.
-    """
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    fresh = {jar.name for jar in staging.glob("*.jar")}
-    for jar in lib_dir.glob("*.jar"):
-        if jar.name not in fresh:
-            jar.unlink()
-    for name in fresh:
-        os.replace(staging / name, lib_dir / name)
-    shutil.rmtree(staging, ignore_errors=True)
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
+        return pid if broker_alive(pid) else None

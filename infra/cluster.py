@@ -31,7 +31,9 @@ from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[a
 from docstream.errors import BrokerError
 from docstream.kafka import clients
 from docstream.settings import CLUSTER_FILE, Settings
-from infra.broker import DEFAULT_LIB_DIR, HOST, BrokerStatus, LocalBroker, new_cluster_id, port_answers
+from infra.broker import BrokerStatus, LocalBroker, port_answers
+from infra.jars import DEFAULT_LIB_DIR
+from infra.server_properties import HOST, new_cluster_id
 
 MAX_BROKERS = 9
 # Below Linux's ephemeral range (32768-60999): a port found free here is not taken a moment later

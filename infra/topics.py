@@ -7,43 +7,47 @@ partition counts are raised with create_partitions. A partition count is never l
 cannot do it, and keys would move to other partitions) and a replication factor is only reported
 (changing it needs a partition reassignment, which is an operator's decision).
 
-The admin client comes from `docstream.kafka.clients` and confluent_kafka.KafkaException becomes
-docstream.errors.KafkaError through `docstream.kafka.errors`, the one translation of librdkafka's
-errors.
-
-One adapter over the AdminClient, hence one module over the usual size: ensuring, describing and
-deleting topics share its translated calls (metadata, leaders, configs, retries), and the report
-types at the top are their results.
+The admin client's calls live in `infra.topic_admin`: there confluent_kafka.KafkaException becomes
+docstream.errors.KafkaError (through `docstream.kafka.errors`, the one translation of librdkafka's
+errors), "not yet" answers are retried, and new partitions are waited for until served. The report
+types at the top are this module's results.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from confluent_kafka import KafkaError as ConfluentKafkaError
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, but no __all__
     AdminClient,
     AlterConfigOpType,
-    ClusterMetadata,
     ConfigEntry,
     ConfigResource,
     NewPartitions,
     NewTopic,
-    OffsetSpec,
     ResourceType,
     TopicMetadata,
 )
 
 from docstream.errors import KafkaError
-from docstream.kafka import clients
-from docstream.kafka.errors import code, translated
+from docstream.kafka.errors import translated
 from docstream.topology import TopicSpec
-from infra.broker import min_insync
+from infra.server_properties import min_insync
+from infra.topic_admin import (
+    EARLIEST,
+    LATEST,
+    cluster_metadata,
+    connect,
+    future_results,
+    list_topics,
+    partition_offsets,
+    topic_configs,
+    wait_until_served,
+)
 
 # The topic configs `describe_topics` reports besides the declared ones.
 CONFIGS_OF_INTEREST = (
@@ -58,11 +62,6 @@ PARTITIONS = "partitions"
 MIN_INSYNC = "min.insync.replicas"
 MAX_AUTO_REPLICAS = 3  # without DOCSTREAM_REPLICATION_FACTOR: one replica per broker, up to this
 REPLICATION_FACTOR = "replication.factor"
-K = TypeVar("K")
-T = TypeVar("T")
-# Retriable in Kafka's protocol, though librdkafka's admin results do not flag them so.
-EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]  # factory lacks annotations
-LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # factory lacks annotations
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ class Replication:
     @classmethod
     def for_brokers(cls, brokers: int, factor: int | None = None) -> Replication:
         """`factor` when given, else one replica per broker up to `MAX_AUTO_REPLICAS`; min.insync
-        2 from three replicas up, else 1 (`infra.broker.min_insync`)."""
+        2 from three replicas up, else 1 (`infra.server_properties.min_insync`)."""
         chosen = factor if factor is not None else min(MAX_AUTO_REPLICAS, max(1, brokers))
         return cls(chosen, min_insync(chosen))
 
@@ -206,7 +205,7 @@ def cluster_replication(
     if factor is not None:
         return Replication.for_brokers(factor, factor)
     with translated("describing the cluster"):
-        brokers = len(_admin(admin_conf).list_topics(timeout=timeout).brokers)
+        brokers = len(connect(admin_conf).list_topics(timeout=timeout).brokers)
     return Replication.for_brokers(brokers)
 
 
@@ -223,14 +222,14 @@ def ensure_topics(
     The replication is `replication_factor` when given, else one replica per broker up to three
     (`cluster_replication`); min.insync.replicas is set on each topic to go with it and checked
     as one of its configs."""
-    admin = _admin(admin_conf)
-    metadata = _list_topics_metadata(admin, timeout)
+    admin = connect(admin_conf)
+    metadata = cluster_metadata(admin, timeout)
     replication = Replication.for_brokers(len(metadata.brokers), replication_factor)
     specs = [_with_min_insync(spec, replication) for spec in specs]
     created = _create_missing(admin, specs, replication.factor, timeout)
-    _wait_until_served(admin, dict.fromkeys(created, 1), timeout)  # a topic appears all at once
-    topics = _list_topics(admin, timeout)
-    configs = _topic_configs(admin, [s.name for s in specs], timeout)
+    wait_until_served(admin, dict.fromkeys(created, 1), timeout)  # a topic appears all at once
+    topics = list_topics(admin, timeout)
+    configs = topic_configs(admin, [s.name for s in specs], timeout)
     drifts = {s.name: _drift(s, topics[s.name], configs[s.name], replication.factor) for s in specs}
     fixed = _fix(admin, drifts, timeout) if fix else {}
     reports = [
@@ -250,13 +249,13 @@ def _create_missing(
     admin: AdminClient, specs: Sequence[TopicSpec], replication_factor: int, timeout: float
 ) -> set[str]:
     """Create the topics the cluster lacks; the names created (a concurrent creator is fine)."""
-    existing = set(_list_topics(admin, timeout))
+    existing = set(list_topics(admin, timeout))
     missing = [s for s in specs if s.name not in existing]
     if not missing:
         return set()
     new_topics = [NewTopic(s.name, s.partitions, replication_factor, config=s.config_dict) for s in missing]
     futures = admin.create_topics(new_topics, operation_timeout=timeout, request_timeout=timeout)
-    _results(futures, timeout, "creating topic", tolerate=ConfluentKafkaError.TOPIC_ALREADY_EXISTS)
+    future_results(futures, timeout, "creating topic", tolerate=ConfluentKafkaError.TOPIC_ALREADY_EXISTS)
     return {s.name for s in missing}
 
 
@@ -302,7 +301,7 @@ def _set_configs(admin: AdminClient, changes: Mapping[str, Sequence[Drift]], tim
         for name, found in changes.items()
     ]
     futures = admin.incremental_alter_configs(resources, request_timeout=timeout)
-    _results(futures, timeout, "altering the configs of")
+    future_results(futures, timeout, "altering the configs of")
     _wait_for_configs(admin, changes, timeout)
 
 
@@ -310,7 +309,7 @@ def _wait_for_configs(admin: AdminClient, changes: Mapping[str, Sequence[Drift]]
     """Wait until the brokers show the new values, so that a next `ensure` finds no drift."""
     deadline = time.monotonic() + timeout
     while True:
-        configs = _topic_configs(admin, list(changes), timeout)
+        configs = topic_configs(admin, list(changes), timeout)
         if all(configs[name].get(d.setting) == d.declared for name, found in changes.items() for d in found):
             return
         if time.monotonic() > deadline:
@@ -323,8 +322,8 @@ def _add_partitions(admin: AdminClient, counts: Mapping[str, int], timeout: floa
         return
     new_partitions = [NewPartitions(name, count) for name, count in counts.items()]
     futures = admin.create_partitions(new_partitions, operation_timeout=timeout, request_timeout=timeout)
-    _results(futures, timeout, "adding partitions to")
-    _wait_until_served(admin, counts, timeout)
+    future_results(futures, timeout, "adding partitions to")
+    wait_until_served(admin, counts, timeout)
 
 
 def _report(
@@ -346,22 +345,22 @@ def _report(
 
 def list_topic_names(admin_conf: Mapping[str, Any], timeout: float = 30.0) -> set[str]:
     """The names of the topics on the cluster, internal ones (`__consumer_offsets`) excluded."""
-    return {name for name in _list_topics(_admin(admin_conf), timeout) if not name.startswith("__")}
+    return {name for name in list_topics(connect(admin_conf), timeout) if not name.startswith("__")}
 
 
 def describe_topics(
     admin_conf: Mapping[str, Any], names: Sequence[str], timeout: float = 30.0
 ) -> tuple[TopicDescription, ...]:
     """Partitions, leaders, replicas, end offsets and the configs of interest of existing topics."""
-    admin = _admin(admin_conf)
-    topics = _list_topics(admin, timeout)
+    admin = connect(admin_conf)
+    topics = list_topics(admin, timeout)
     unknown = [name for name in names if name not in topics]
     if unknown:
         raise KafkaError(f"no such topic on the cluster: {', '.join(unknown)}")
-    configs = _topic_configs(admin, names, timeout)
+    configs = topic_configs(admin, names, timeout)
     partitions = [TopicPartition(name, p) for name in names for p in topics[name].partitions]
-    earliest = _offsets(admin, partitions, EARLIEST, timeout)
-    latest = _offsets(admin, partitions, LATEST, timeout)
+    earliest = partition_offsets(admin, partitions, EARLIEST, timeout)
+    latest = partition_offsets(admin, partitions, LATEST, timeout)
     return tuple(
         TopicDescription(
             name,
@@ -386,138 +385,6 @@ def delete_topics(admin_conf: Mapping[str, Any], names: Sequence[str], timeout: 
     """Delete topics (tests clean up with it); a topic that is already gone is fine."""
     if not names:
         return
-    admin = _admin(admin_conf)  # a client must outlive its futures: kept in this variable
+    admin = connect(admin_conf)  # a client must outlive its futures: kept in this variable
     futures = admin.delete_topics(list(names), operation_timeout=timeout, request_timeout=timeout)
-    _results(futures, timeout, "deleting topic", tolerate=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART)
-
-
-def _offsets(
-    admin: AdminClient, partitions: Sequence[TopicPartition], spec: OffsetSpec, timeout: float
-) -> dict[tuple[str, int], int]:
-    if not partitions:
-        return {}
-
-    def list_offsets() -> dict[TopicPartition, Any]:
-        futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=timeout)
-        # The metadata named these partitions, so "unknown" from the broker asked only means it
-        # has not applied the topic yet (seen on a three-broker cluster just after a create).
-        return _results(
-            futures, timeout, "listing the offsets of", not_yet=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART
-        )
-
-    results = _retried(list_offsets, timeout)
-    return {(tp.topic, tp.partition): info.offset for tp, info in results.items()}
-
-
-# -- the admin client, with KafkaException translated --------------------------------------------
-
-
-def _admin(admin_conf: Mapping[str, Any]) -> AdminClient:
-    return clients.admin_client(admin_conf)  # warnings and up: its teardown logs at info level
-
-
-def _list_topics(admin: AdminClient, timeout: float) -> dict[str, TopicMetadata]:
-    return _list_topics_metadata(admin, timeout).topics
-
-
-def _list_topics_metadata(admin: AdminClient, timeout: float) -> ClusterMetadata:
-    with translated("listing topics"):
-        return admin.list_topics(timeout=timeout)
-
-
-def _wait_for_leaders(
-    admin: AdminClient, min_partitions: Mapping[str, int], timeout: float
-) -> dict[str, TopicMetadata]:
-    """Topic metadata once each topic has at least the given partitions, every one with a leader."""
-    deadline = time.monotonic() + timeout
-    while True:
-        topics = _list_topics(admin, timeout)
-        if all(_has_leaders(topics.get(name), count) for name, count in min_partitions.items()):
-            return {name: topics[name] for name in min_partitions}
-        if time.monotonic() > deadline:
-            raise KafkaError(f"topics without a leader after {timeout:.0f} s", retriable=True)
-        time.sleep(0.1)
-
-
-def _wait_until_served(admin: AdminClient, min_partitions: Mapping[str, int], timeout: float) -> None:
-    """Until every partition of these topics has a leader that answers requests.
-
-    Just after a topic is created the metadata names a leader a moment before that broker serves
-    the partition (it answers NOT_LEADER_FOR_PARTITION meanwhile); asking for the end offsets
-    until they come proves it serves.
-    """
-    if not min_partitions:
-        return
-    topics = _wait_for_leaders(admin, min_partitions, timeout)
-    partitions = [TopicPartition(name, p) for name, topic in topics.items() for p in topic.partitions]
-    _offsets(admin, partitions, LATEST, timeout)
-
-
-def _has_leaders(topic: TopicMetadata | None, min_partitions: int) -> bool:
-    if topic is None or topic.error is not None or len(topic.partitions) < min_partitions:
-        return False
-    return all(p.leader >= 0 for p in topic.partitions.values())
-
-
-def _topic_configs(admin: AdminClient, names: Sequence[str], timeout: float) -> dict[str, dict[str, str]]:
-    """Each topic's effective configs (its own values and the broker defaults it inherits)."""
-    if not names:
-        return {}
-    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
-
-    def describe() -> dict[ConfigResource, Any]:
-        futures = admin.describe_configs(resources, request_timeout=timeout)
-        return _results(  # "unknown" as for the offsets: a broker that has not applied the topic yet
-            futures, timeout, "describing the configs of", not_yet=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART
-        )
-
-    results = _retried(describe, timeout)
-    return {
-        resource.name: {key: entry.value for key, entry in entries.items() if entry.value is not None}
-        for resource, entries in results.items()
-    }
-
-
-def _results(
-    futures: Mapping[K, concurrent.futures.Future[Any]],
-    timeout: float,
-    action: str,
-    tolerate: int | None = None,
-    not_yet: int | None = None,
-) -> dict[K, Any]:
-    """Every future's result; the error code `tolerate` counts as success (with no result), and
-    `not_yet` is a retriable error whatever librdkafka says of it."""
-    results: dict[K, Any] = {}
-    for key, future in futures.items():
-        try:
-            with translated(f"{action} {_label(key)}"):
-                results[key] = future.result(timeout=timeout)
-        except KafkaError as exc:
-            answered = code(exc.__cause__) if isinstance(exc.__cause__, KafkaException) else None
-            if answered is not None and answered == tolerate:
-                continue
-            if answered is not None and answered == not_yet:
-                raise KafkaError(str(exc), retriable=True) from exc.__cause__
-            raise
-    return results
-
-
-def _label(key: object) -> str:
-    """A future's key as a message names it: a topic, `topic[partition]` or a config's topic."""
-    if isinstance(key, ConfigResource):
-        return str(key.name)
-    if isinstance(key, TopicPartition):
-        return f"{key.topic}[{key.partition}]"
-    return str(key)
-
-
-def _retried(read: Callable[[], T], timeout: float) -> T:
-    """A read-only admin call, repeated while the cluster answers "not yet" (a retriable error)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return read()
-        except KafkaError as exc:
-            if not exc.retriable or time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)
+    future_results(futures, timeout, "deleting topic", tolerate=ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART)

@@ -1,4 +1,5 @@
-"""The `docstream` command: one Typer app, one sub-command module per area."""
+"""The `docstream` command: one Typer app, one sub-command module per area (`_common` and
+`_dlq_render` are helpers of those modules, not commands)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from docstream.cli import (
     broker,
     capacity,
     chaos,
+    demo,
     dlq,
     lag,
     publish,
@@ -32,6 +34,7 @@ app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility ch
 app.add_typer(dlq.app, name="dlq", help="Dead letters: list, show and redrive them.")
 app.add_typer(api.app, name="api", help="The HTTP ingest API: serve it, manage its keys per tenant.")
 app.command(name="publish")(publish.publish)
+demo.register(app)
 run.register(app)
 warehouse.register(app)
 lag.register(app)

@@ -9,8 +9,8 @@ import pytest
 
 from docstream.errors import BrokerError
 from docstream.settings import Settings
-from infra.broker import min_insync, render_server_properties
 from infra.cluster import LocalCluster, for_settings
+from infra.server_properties import min_insync, render_server_properties
 from infra.topics import Replication
 
 

@@ -15,7 +15,8 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, TopicPartition
 
 from docstream.errors import KafkaError
-from infra.topics import _results, _retried
+from infra.topic_admin import future_results as _results
+from infra.topic_admin import retried as _retried
 
 UNKNOWN = ConfluentKafkaError.UNKNOWN_TOPIC_OR_PART
 
