@@ -10,7 +10,7 @@ failure unless it were three more. Ports: node N listens on the configured broke
 ports plus 2·(N-1) (9092/9093, 9094/9095, 9096/9097 by default).
 
 A cluster of three replicates every internal topic three times with min.insync.replicas 2
-(`infra.broker.replicated_settings`), and `ensure_topics` gives docstream's topics the same.
+(`infra.server_properties.replicated_settings`), and `ensure_topics` gives docstream's topics the same.
 
 `<work>/cluster.json` records the cluster's size, cluster id and ports, so later commands
 (`status`, `kill --id 2`, and `Settings.bootstrap`, which lists every node) find it again.
