@@ -117,8 +117,14 @@ def _upload_through_api(s: Settings, api_url: str) -> PublishedDocument:
         blob_uri="",
         stored=True,
         traceparent=answer["traceparent"],
-        delivery=DeliveryResult("doc.uploaded", answer["partition"], answer["offset"] or -1, 0, 0.0),
+        delivery=DeliveryResult("doc.uploaded", answer["partition"], _offset(answer["offset"]), 0, 0.0),
     )
+
+
+def _offset(offset: int | None) -> int:
+    """The event's offset as the API answered it; -1 while it waits in the outbox (no offset yet).
+    An event at offset 0 is at 0 (`offset or -1` showed it as -1)."""
+    return -1 if offset is None else offset
 
 
 def _http(url: str, key: str, body: bytes | None = None) -> Any:
