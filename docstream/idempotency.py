@@ -28,7 +28,7 @@ def epoch_ms(moment: datetime) -> int:
     return math.floor(moment.timestamp() * 1000 + 0.5)
 
 
-class Document(Protocol):
+class DocumentFields(Protocol):
     """The fields of a document event that name its tenant, id and content: a doc.uploaded has
     them, and every completion copies them from its upload (schemas.events)."""
 
@@ -40,7 +40,7 @@ class Document(Protocol):
     def content_sha256(self) -> str: ...
 
 
-def completion_key(stage: str, version: str, document: Document, uploaded_at: datetime) -> str:
+def completion_key(stage: str, version: str, document: DocumentFields, uploaded_at: datetime) -> str:
     """The key of a stage's completion event for one upload of a document.
 
     An upload is (tenant, document id, upload time, content): the same event redelivered, replayed

@@ -18,7 +18,7 @@ from docstream.api.keys import Principal
 from docstream.api.registry import DONE, DocumentRow
 from docstream.api.service import ApiService
 from docstream.api.shapes import ERRORS, DocumentChunks, DocumentStatus, DocumentText, Error
-from docstream.api.status import document_status
+from docstream.api.status import EMBEDDINGS, OCR, THUMBNAILS, document_status
 from docstream.errors import DocstreamError
 
 _DOCUMENT_ID = re.compile(r"[0-9a-f]{32}")
@@ -70,8 +70,8 @@ def add_document_routes(app: FastAPI, service: ApiService) -> None:
         summary="The document's text, per page",
     )
     def text(document_id: str, who: Authorized) -> dict[str, Any]:
-        row, detail = _result(document_id, who, "ocr")
-        stored = _read_result("ocr", detail)
+        row, detail = _result(document_id, who, OCR)
+        stored = _read_result(OCR, detail)
         pages = [{"page": p.get("page"), "text": p.get("text")} for p in stored.get("pages", [])]
         return {"document_id": row.document_id, "model_version": detail.get("model_version"), "pages": pages}
 
@@ -82,8 +82,8 @@ def add_document_routes(app: FastAPI, service: ApiService) -> None:
         summary="The embedded chunks",
     )
     def chunks(document_id: str, who: Authorized) -> dict[str, Any]:
-        row, detail = _result(document_id, who, "embeddings")
-        stored = _read_result("embeddings", detail)
+        row, detail = _result(document_id, who, EMBEDDINGS)
+        stored = _read_result(EMBEDDINGS, detail)
         kept = ("page", "index", "text", "char_start", "char_end")
         out = [{k: c.get(k) for k in kept} for c in stored.get("chunks", [])]
         return {"document_id": row.document_id, "model_version": detail.get("model_version"), "chunks": out}
@@ -95,7 +95,7 @@ def add_document_routes(app: FastAPI, service: ApiService) -> None:
         summary="One thumbnail (page, size) of the document",
     )
     def thumbnail(document_id: str, index: int, who: Authorized) -> Response:
-        _, detail = _result(document_id, who, "thumbnails")
+        _, detail = _result(document_id, who, THUMBNAILS)
         sizes = detail.get("sizes")
         if not isinstance(sizes, list) or not 0 <= index < len(sizes) or not isinstance(sizes[index], dict):
             raise StarletteHTTPException(404, "no such thumbnail")

@@ -24,7 +24,8 @@ from consumers.lag.snapshot import LagSnapshot, PartitionLag
 from docstream.api.registry import DONE, FAILED, DocumentRow, Progress
 from docstream.topology import ANALYTICS
 
-# The stages whose results the API links to (its routes: /text, /chunks, /thumbnails).
+# The stages whose results the API serves and links to (docstream.api.document_routes: /text,
+# /chunks, /thumbnails).
 OCR = "ocr"
 EMBEDDINGS = "embeddings"
 THUMBNAILS = "thumbnails"
