@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import stat
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ from docstream.errors import BlobStoreError, ContentMismatchError, UnsafeReferen
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 _UNSAFE_CHARS = frozenset("%?#\\\x00")
+_STATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}(/[A-Za-z0-9][A-Za-z0-9._=-]{0,199}){0,7}")
+STATE_AREA = "state"
+"""Where the state area's named objects live, under the store's root (see `BlobStore.put_once`)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,81 @@ class BlobStore:
         if uri != expected:
             raise UnsafeReferenceError(f"{uri!r} is not the {stage} result object of key {key} ({expected})")
         return self.get(uri)
+
+    # -- the state area: small named objects that several processes share -------------------
+    # The API's replicas keep their shared state here (docstream.api: claims, outbox records,
+    # API keys), under <root>/state/<name>. A name is docstream's own, never a client's text
+    # as it came: `_state_path` refuses anything but short path segments of [A-Za-z0-9._=-].
+
+    def put_once(self, name: str, data: bytes) -> bool:
+        """Write the state object `name` unless it exists (atomically, durably); False when it did.
+        Of two processes racing for one name, exactly one gets True."""
+        return self._write_once(self._state_rel(name), data, durable=True)
+
+    def put_state(self, name: str, data: bytes) -> None:
+        """Write the state object `name`, replacing what was there (last writer wins)."""
+        final = f"{self._root}/{self._state_rel(name)}"
+        try:
+            parent = final.rsplit("/", 1)[0]
+            tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+            if self._local:
+                _makedirs_private(self._root, parent)
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
+                    f.write(data)
+                os.replace(tmp, final)
+                return
+            self._fs.makedirs(parent, exist_ok=True)
+            self._fs.pipe_file(final, data)
+        except OSError as exc:
+            raise BlobStoreError(f"cannot write {final}: {exc}") from exc
+
+    def read_state(self, name: str) -> bytes | None:
+        """The state object `name`, or None when there is none."""
+        path = f"{self._root}/{self._state_rel(name)}"
+        try:
+            with self._fs.open(path, "rb") as f:
+                data: bytes = f.read()
+                return data
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise BlobStoreError(f"cannot read {path}: {exc}") from exc
+
+    def delete_state(self, name: str) -> None:
+        """Delete the state object `name` (nothing when it is not there)."""
+        path = f"{self._root}/{self._state_rel(name)}"
+        try:
+            self._fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BlobStoreError(f"cannot delete {path}: {exc}") from exc
+
+    def state_names(self, prefix: str) -> list[str]:
+        """The names of the state objects under the folder `prefix` (at any depth), sorted."""
+        base = f"{self._root}/{self._state_rel(prefix)}"
+        try:
+            found = self._fs.find(base)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise BlobStoreError(f"cannot list {base}: {exc}") from exc
+        area = f"{self._root.rstrip('/')}/{STATE_AREA}/"
+        names = []
+        for path in found:
+            path = str(path)
+            if not path.startswith("/") and area.startswith("/"):
+                path = "/" + path
+            name = path[len(area) :] if path.startswith(area) else ""
+            if name and not name.rsplit("/", 1)[-1].startswith(".tmp-"):
+                names.append(name)
+        return sorted(names)
+
+    @staticmethod
+    def _state_rel(name: str) -> str:
+        if not isinstance(name, str) or not _STATE_NAME.fullmatch(name) or ".." in name.split("/"):
+            raise UnsafeReferenceError(f"{name!r} is not a state object's name")
+        return f"{STATE_AREA}/{name}"
 
     @staticmethod
     def _link_once(tmp: str, final: str) -> bool:

@@ -281,3 +281,32 @@ def test_an_existing_root_open_to_others_is_closed(tmp_path: Path) -> None:
     root.chmod(0o755)
     BlobStore(str(root))
     assert root.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_the_state_area_writes_once_replaces_lists_and_deletes(tmp_path: Path, kind: str) -> None:
+    store = BlobStore(str(tmp_path) if kind == "local" else f"memory://docstream-test-{uuid.uuid4().hex}")
+    assert store.read_state("claims/ab/x.json") is None
+    assert store.put_once("claims/ab/x.json", b"first")
+    assert not store.put_once("claims/ab/x.json", b"second")
+    assert store.read_state("claims/ab/x.json") == b"first"
+    store.put_state("keys/k1.used", b"1")
+    store.put_state("keys/k1.used", b"2")
+    assert store.read_state("keys/k1.used") == b"2"
+    store.put_once("claims/cd/y.json", b"y")
+    assert store.state_names("claims") == ["claims/ab/x.json", "claims/cd/y.json"]
+    assert store.state_names("nothing") == []
+    store.delete_state("claims/ab/x.json")
+    store.delete_state("claims/ab/x.json")  # already gone: nothing
+    assert store.state_names("claims") == ["claims/cd/y.json"]
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "a/../b", "/abs", "a//b", "a/", "", ".hidden", "a b", "a%2f", "x" * 201, "a\\b"]
+)
+def test_a_state_name_must_be_a_plain_relative_name(tmp_path: Path, name: str) -> None:
+    store = BlobStore(str(tmp_path))
+    with pytest.raises(UnsafeReferenceError):
+        store.put_once(name, b"x")
+    with pytest.raises(UnsafeReferenceError):
+        store.read_state(name)
