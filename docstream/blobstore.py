@@ -27,10 +27,14 @@ import stat
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import fsspec
 
 from docstream.errors import BlobStoreError, ContentMismatchError, UnsafeReferenceError
+
+if TYPE_CHECKING:
+    from docstream.settings import Settings
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -312,6 +316,11 @@ class BlobStore:
             return True
         except OSError as exc:
             raise BlobStoreError(f"cannot write {final}: {exc}") from exc
+
+
+def blob_store(settings: Settings) -> BlobStore:
+    """The blob store the settings name (`DOCSTREAM_BLOB_URL`, else <home>/blobs)."""
+    return BlobStore(settings.blob_root)
 
 
 def _fsync_dir(path: str) -> None:

@@ -187,10 +187,6 @@ class ApiSettings(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="the address `docstream api serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="its port; 0: any free port, printed")
-    keys_db: Path | None = Field(
-        default=None,
-        description="the API key store (SQLite, hashed; `docstream api keys`); unset: <home>/api/keys.db",
-    )
     state_dir: Path | None = Field(
         default=None,
         description="the API's documents registry and outbox (SQLite); unset: <home>/api",
@@ -309,10 +305,6 @@ class Settings(BaseSettings):
     @property
     def warehouse_url(self) -> str:
         return self.warehouse.url or f"chdb://{(self.home / 'warehouse').resolve()}"
-
-    @property
-    def api_keys_db(self) -> Path:
-        return (self.api.keys_db or self.home / "api" / "keys.db").resolve()
 
     @property
     def api_state_dir(self) -> Path:

@@ -14,10 +14,13 @@ wrong secret or a revoked key, never an exception. The hashes are compared with
 `last_used_at` is written by `verify` at most once a minute per key (`LAST_USED_EVERY_S`), so
 a busy key costs a read per request, not a write.
 
-The store is one SQLite file, private to the service's user: its folder is created 0700, the
-file 0600 (as the blob store does), in WAL mode with synchronous=FULL, so a revocation is on
-disk when `revoke` returns. A connection is opened per call: a `KeyStore` can be shared by
-threads and processes.
+The keys live in the blob store's state area (`AREA`), which every API replica shares (a local
+folder on one machine, an S3 bucket beyond it): a key's record (tenant, label, the hash, when it
+was made) is written once, and so is its revocation, as an object of its own; nothing is ever
+rewritten but the time of the last use. A replica keeps what it read of a key for `REFRESH_S`
+seconds, then reads whether it was revoked again: a revocation is in force on every replica
+within `REFRESH_S` (and one read of the store). A key id nobody created is remembered as missing
+for as long, so made-up keys cost one read per id and interval, not one per request.
 """
 
 from __future__ import annotations
@@ -25,20 +28,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
+import math
 import re
 import secrets
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Final
+from functools import partial
+from typing import Any, Final, TypeVar
 
 from docstream import validation
-from docstream.blobstore import private_file
-from docstream.errors import ConfigurationError, InvalidEventError
+from docstream.blobstore import BlobStore, blob_store
+from docstream.errors import BlobStoreError, ConfigurationError, InvalidEventError
+from docstream.settings import Settings
 
 PREFIX: Final = "dsk_"
 KEY_ID_HEX: Final = 16  # 64 bits: an id, not a secret (listed, shown in logs of a server)
@@ -53,19 +58,12 @@ _KEY_ID = re.compile(rf"[0-9a-f]{{{KEY_ID_HEX}}}")
 _LABEL = re.compile(r"[^\x00-\x1f\x7f-\x9f]+")
 _DUMMY_HASH: Final = hashlib.sha256(b"no such key").digest()
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    label TEXT,
-    key_hash BLOB NOT NULL,
-    created_at_ms INTEGER NOT NULL,
-    revoked_at_ms INTEGER,
-    last_used_at_ms INTEGER
-);
-CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys (tenant);
-"""
-_COLUMNS = "key_id, tenant, label, created_at_ms, revoked_at_ms, last_used_at_ms"
+AREA: Final = "api/keys"
+"""Where the keys live in the blob store's state area: <key id>.json (written once), <key id>.revoked
+(written once, by `revoke`), <key id>.used (the last use, rewritten at most once a minute)."""
+REFRESH_S: Final = 5.0
+"""How long a replica trusts what it read of a key: a revocation is in force on every replica within
+this (plus one read of the store)."""
 
 
 @dataclass(frozen=True)
@@ -114,22 +112,38 @@ class CreatedKey:
     key: str = field(repr=False)
 
 
-class KeyStore:
-    """The API keys of every tenant, in one SQLite file at `path`."""
+@dataclass
+class _Cached:
+    tenant: str
+    key_hash: bytes
+    revoked: bool
+    read_at: float  # monotonic
 
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
-        self.path = Path(path)
-        self._clock = clock
-        self._readers = threading.local()  # verify's connection, one per thread (see _reader)
-        try:
-            private_file(self.path)
-        except OSError as exc:
-            raise ConfigurationError(f"cannot create the API key store {self.path}: {exc}") from exc
-        with self._connect() as db:
-            db.executescript(_SCHEMA)
+
+class KeyStore:
+    """The API keys of every tenant, in the blob store's state area (see the module docstring)."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        refresh_s: float = REFRESH_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.blobs = blobs
+        self.refresh_s = refresh_s
+        self._clock, self._monotonic = clock, monotonic
+        self._lock = threading.Lock()
+        self._cache: dict[str, _Cached | float] = {}  # key id -> what was read, or when it was missing
+        self._used: dict[str, float] = {}  # key id -> when this process last wrote its use (clock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KeyStore:
+        return cls(blob_store(settings))
 
     def __repr__(self) -> str:
-        return f"KeyStore({str(self.path)!r})"
+        return f"KeyStore({self.blobs.uri(AREA)!r})"
 
     def create(self, tenant: str, *, label: str | None = None) -> CreatedKey:
         """A new key for `tenant`: the only time its plaintext is seen."""
@@ -143,78 +157,111 @@ class KeyStore:
                 f" not {len(label)} characters{'' if _LABEL.fullmatch(label) else ' with control characters'}"
             )
         now_ms = self._now_ms()
-        with self._connect() as db:
-            while True:  # a repeated 64-bit id is all but impossible; never overwrite one
-                key_id = secrets.token_hex(KEY_ID_HEX // 2)
-                key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(SECRET_BYTES)}"
-                try:
-                    db.execute(
-                        "INSERT INTO api_keys (key_id, tenant, label, key_hash, created_at_ms)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (key_id, tenant, label, _hash(key), now_ms),
-                    )
-                except sqlite3.IntegrityError:
-                    continue
+        while True:  # a repeated 64-bit id is all but impossible; never overwrite one
+            key_id = secrets.token_hex(KEY_ID_HEX // 2)
+            key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(SECRET_BYTES)}"
+            record = {
+                "key_id": key_id,
+                "tenant": tenant,
+                "label": label,
+                "key_sha256": _hash(key).hex(),
+                "created_at_ms": now_ms,
+            }
+            name, data = f"{AREA}/{key_id}.json", _json(record)
+            if self._store(partial(self.blobs.put_once, name, data)):
                 break
         return CreatedKey(key_id, tenant, label, _datetime(now_ms), key)
 
     def verify(self, presented: object) -> Principal | None:
-        """The principal of an active key; None for anything else. Never raises on what it is given."""
+        """The principal of an active key; None for anything else. Never raises on what it is given
+        (a store that cannot be read raises ConfigurationError, unless this replica read the key
+        within `refresh_s`... or before: a key read once is trusted while the store is away)."""
         if not isinstance(presented, str) or len(presented) != _KEY_CHARS:
             return None
         match = _KEY.fullmatch(presented)
         if match is None:
             return None
         key_id = match.group(1)
-        # Read on every call (a revocation counts from the next request), through a connection kept
-        # per thread: opening one, and setting its pragmas, cost more than the query (the latency
-        # benchmark, tests/bench/api_bench.py).
-        row = (
-            self._reader()
-            .execute(
-                "SELECT tenant, key_hash, revoked_at_ms, last_used_at_ms FROM api_keys WHERE key_id = ?",
-                (key_id,),
-            )
-            .fetchone()
-        )
-        stored = row[1] if row is not None else _DUMMY_HASH
-        if not hmac.compare_digest(stored, _hash(presented)) or row is None or row[2] is not None:
+        cached = self._read(key_id)
+        stored = cached.key_hash if cached is not None else _DUMMY_HASH
+        if not hmac.compare_digest(stored, _hash(presented)) or cached is None or cached.revoked:
             return None
-        now_ms = self._now_ms()
-        if row[3] is None or now_ms - row[3] >= LAST_USED_EVERY_S * 1000:
-            with self._connect() as db:
-                db.execute("UPDATE api_keys SET last_used_at_ms = ? WHERE key_id = ?", (now_ms, key_id))
-        return Principal(tenant=row[0], key_id=key_id)
+        now = self._clock()
+        with self._lock:
+            due = now - self._used.get(key_id, -math.inf) >= LAST_USED_EVERY_S
+            if due:
+                self._used[key_id] = now
+        if due:
+            with contextlib.suppress(ConfigurationError):  # the use is a courtesy, not a condition
+                self._store(
+                    lambda: self.blobs.put_state(f"{AREA}/{key_id}.used", str(int(now * 1000)).encode())
+                )
+        return Principal(tenant=cached.tenant, key_id=key_id)
 
-    def _reader(self) -> sqlite3.Connection:
-        """This thread's read-only use connection (autocommit: each SELECT sees the last commit)."""
-        db: sqlite3.Connection | None = getattr(self._readers, "db", None)
-        if db is None:
-            try:
-                db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            except sqlite3.Error as exc:
-                raise ConfigurationError(f"cannot open the API key store {self.path}: {exc}") from exc
-            self._readers.db = db
-        return db
+    def _read(self, key_id: str) -> _Cached | None:
+        """What this replica knows of `key_id`, read again when older than `refresh_s`."""
+        now = self._monotonic()
+        with self._lock:
+            known = self._cache.get(key_id)
+        if isinstance(known, _Cached) and now - known.read_at < self.refresh_s:
+            return known
+        if isinstance(known, float) and now - known < self.refresh_s:
+            return None
+        try:
+            if isinstance(known, _Cached):  # the key itself never changes: only whether it is revoked
+                revoked = self.blobs.read_state(f"{AREA}/{key_id}.revoked") is not None
+                fresh: _Cached | float | None = _Cached(known.tenant, known.key_hash, revoked, now)
+            else:
+                record = _record(self.blobs.read_state(f"{AREA}/{key_id}.json"))
+                fresh = (
+                    now
+                    if record is None
+                    else _Cached(
+                        record["tenant"],
+                        bytes.fromhex(record["key_sha256"]),
+                        self.blobs.read_state(f"{AREA}/{key_id}.revoked") is not None,
+                        now,
+                    )
+                )
+        except BlobStoreError as exc:
+            if isinstance(known, _Cached):
+                return known  # the store is away: what was read last holds until it is back
+            raise ConfigurationError(f"cannot read the API key store {self.blobs.uri(AREA)}: {exc}") from exc
+        with self._lock:
+            if len(self._cache) >= _MAX_CACHED:  # made-up key ids must not grow it without bound
+                self._cache.clear()
+            self._cache[key_id] = fresh if fresh is not None else now
+        return fresh if isinstance(fresh, _Cached) else None
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key: True when this call revoked it; False when unknown or revoked before."""
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
             return False
-        with self._connect() as db:
-            done = db.execute(
-                "UPDATE api_keys SET revoked_at_ms = ? WHERE key_id = ? AND revoked_at_ms IS NULL",
-                (self._now_ms(), key_id),
-            )
-            return done.rowcount == 1
+        if self._store(lambda: self.blobs.read_state(f"{AREA}/{key_id}.json")) is None:
+            return False
+        revoked = {"revoked_at_ms": self._now_ms()}
+        done = bool(self._store(lambda: self.blobs.put_once(f"{AREA}/{key_id}.revoked", _json(revoked))))
+        with self._lock:
+            self._cache.pop(key_id, None)
+        return done
 
     def get(self, key_id: str) -> KeyInfo | None:
         """One key, by its id; None when there is none."""
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
             return None
-        with self._connect() as db:
-            row = db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
-        return None if row is None else _info(row)
+        record = _record(self._store(lambda: self.blobs.read_state(f"{AREA}/{key_id}.json")))
+        if record is None:
+            return None
+        revoked = _record(self._store(lambda: self.blobs.read_state(f"{AREA}/{key_id}.revoked")))
+        used = self._store(lambda: self.blobs.read_state(f"{AREA}/{key_id}.used"))
+        return KeyInfo(
+            key_id,
+            record["tenant"],
+            record.get("label"),
+            _datetime(int(record["created_at_ms"])),
+            None if revoked is None else _datetime(int(revoked["revoked_at_ms"])),
+            None if used is None else _datetime(int(used.decode())),
+        )
 
     def list(self, tenant: str | None = None) -> tuple[KeyInfo, ...]:
         """Every key (of `tenant`), oldest first, revoked ones included."""
@@ -223,47 +270,52 @@ class KeyStore:
                 validation.tenant(tenant, "API keys")
             except InvalidEventError as exc:
                 raise ConfigurationError(str(exc)) from None
-        where, args = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
-        with self._connect() as db:
-            rows = db.execute(
-                f"SELECT {_COLUMNS} FROM api_keys {where} ORDER BY created_at_ms, rowid", args
-            ).fetchall()
-        return tuple(_info(r) for r in rows)
+        names = self._store(lambda: self.blobs.state_names(AREA))
+        found = []
+        for name in names:
+            key_id = name.rsplit("/", 1)[-1].removesuffix(".json")
+            if name.endswith(".json") and _KEY_ID.fullmatch(key_id):
+                info = self.get(key_id)
+                if info is not None and (tenant is None or info.tenant == tenant):
+                    found.append(info)
+        return tuple(sorted(found, key=lambda k: (k.created_at, k.key_id)))
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in one transaction, committed on success, closed in any case."""
+    def _store(self, call: Callable[[], _T]) -> _T:
         try:
-            db = sqlite3.connect(self.path, timeout=10.0)
-        except sqlite3.Error as exc:
-            raise ConfigurationError(f"cannot open the API key store {self.path}: {exc}") from exc
-        try:
-            with db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=FULL")
-                yield db
-        finally:
-            db.close()
+            return call()
+        except BlobStoreError as exc:
+            raise ConfigurationError(f"the API key store {self.blobs.uri(AREA)}: {exc}") from exc
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+_MAX_CACHED: Final = 100_000
+_T = TypeVar("_T")
+
+
+def _json(record: Mapping[str, object]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode()
+
+
+def _record(data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
+        raise ConfigurationError(f"an API key record is not JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise ConfigurationError("an API key record is not a JSON object")
+    return record
 
 
 def _hash(key: str) -> bytes:
     return hashlib.sha256(key.encode("ascii")).digest()
 
 
-def _info(row: tuple[str, str, str | None, int, int | None, int | None]) -> KeyInfo:
-    key_id, tenant, label, created, revoked, used = row
-    return KeyInfo(key_id, tenant, label, _datetime(created), _maybe(revoked), _maybe(used))
-
-
 def _datetime(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def _maybe(ms: int | None) -> datetime | None:
-    return None if ms is None else _datetime(ms)
 
 
 def _iso(at: datetime | None) -> str | None:

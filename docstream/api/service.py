@@ -80,7 +80,7 @@ class ApiService:
         connection = {**connection_config(settings), "client.id": CLIENT_ID}
         groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
         lock = _hold_state(state)
-        keys = KeyStore(settings.api_keys_db)
+        keys = KeyStore.from_settings(settings)
         registry = Registry(state / "documents.db")
         outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
         watch_log = ConnectionWatch("api producer")

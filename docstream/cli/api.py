@@ -1,10 +1,10 @@
 """`docstream api serve` runs the HTTP ingest API; `docstream api keys create|list|revoke` manage its
 keys, per tenant (docstream/api, docs/api.md).
 
-The keys live in `docstream.api.keys.KeyStore`, at `DOCSTREAM_API__KEYS_DB` (default
-`<home>/api/keys.db`), hashed. `create` prints a new key once: it cannot be shown again. `list`
-shows ids, tenants, labels and times, never a key. `revoke` takes a key id; an unknown one is an
-error (exit 2), one revoked before is said so (exit 0).
+The keys live in `docstream.api.keys.KeyStore`, in the blob store's state area (`DOCSTREAM_BLOB_URL`,
+default `<home>/blobs`), hashed, shared by every API replica. `create` prints a new key once: it
+cannot be shown again. `list` shows ids, tenants, labels and times, never a key. `revoke` takes a
+key id; an unknown one is an error (exit 2), one revoked before is said so (exit 0).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from docstream.api.keys import KeyInfo, KeyStore
+from docstream.api.keys import AREA, KeyInfo, KeyStore
 from docstream.cli._common import console, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 
@@ -51,7 +51,7 @@ def serve(
     uv = server(service, sock)
     console.print(
         f"api: {url_of(sock)} (OpenAPI {url_of(sock)}/docs, health {url_of(sock)}/health);"
-        f" keys {s.api_keys_db}; state {s.api_state_dir}; Ctrl-C stops"
+        f" keys and shared state {s.blob_root}; cache {s.api_state_dir}; Ctrl-C stops"
     )
     api_log = logging.getLogger("docstream.api")
     handler = logging.StreamHandler(sys.stderr)
@@ -64,7 +64,7 @@ def serve(
 
 
 def _store() -> KeyStore:
-    return KeyStore(settings().api_keys_db)
+    return KeyStore.from_settings(settings())
 
 
 @keys.command()
@@ -126,7 +126,9 @@ def revoke(
     revoked_now = store.revoke(key_id)
     info = store.get(key_id)
     if info is None:
-        raise ConfigurationError(f"no API key {key_id!r} in {store.path} (`docstream api keys list`)")
+        raise ConfigurationError(
+            f"no API key {key_id!r} in {store.blobs.uri(AREA)} (`docstream api keys list`)"
+        )
     if as_json:
         print_json(info.to_dict() | {"revoked_now": revoked_now})
         return

@@ -101,7 +101,7 @@ def _upload_through_api(s: Settings, api_url: str) -> PublishedDocument:
     inbox.mkdir(parents=True, exist_ok=True)
     path = inbox / sample.name
     path.write_bytes(sample.content)
-    keys = KeyStore(s.api_keys_db)
+    keys = KeyStore.from_settings(s)
     created = keys.create(sample.tenant, label="docstream demo")
     try:
         body = json.dumps({"uri": path.resolve().as_uri(), "reprocess": True}).encode()
@@ -144,7 +144,7 @@ def _http(url: str, key: str, body: bytes | None = None) -> Any:
 def _api_status(s: Settings, api_url: str, document: PublishedDocument) -> dict[str, Any]:
     """GET /v1/documents/{id} of the document sent through the API, once its groups are done (the
     tracker reads the completions a moment after the groups commit)."""
-    keys = KeyStore(s.api_keys_db)
+    keys = KeyStore.from_settings(s)
     created = keys.create(document.tenant, label="docstream demo")
     try:
         deadline = time.monotonic() + 15

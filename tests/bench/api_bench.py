@@ -72,7 +72,7 @@ def run(bootstrap: str, n: int = MAX_REQUESTS) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="docstream-api-bench-") as work:
         settings = Settings(bootstrap_servers=bootstrap, home=Path(work) / "home")
         ensure_topics({"bootstrap.servers": bootstrap}, declared_topics(settings.topic_partitions))
-        key = KeyStore(settings.api_keys_db).create("bench").key
+        key = KeyStore.from_settings(settings).create("bench").key
         base = _document()
         service = ApiService.from_settings(settings)
         with (

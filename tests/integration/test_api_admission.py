@@ -183,7 +183,7 @@ def until_admitted(api: ServedApi, auth: dict[str, str], priority: str, timeout:
 def test_a_stopped_group_gets_429_and_retry_after_says_when_the_api_admits_again(
     api: ServedApi, api_settings: Settings, broker: LocalBroker
 ) -> None:
-    auth = {"Authorization": f"Bearer {KeyStore(api_settings.api_keys_db).create('acme').key}"}
+    auth = {"Authorization": f"Bearer {KeyStore.from_settings(api_settings).create('acme').key}"}
     admitted = 0
 
     # 1. no group has committed yet: no prediction, every upload admitted, and /health says so

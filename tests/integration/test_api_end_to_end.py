@@ -55,7 +55,7 @@ def test_a_posted_document_is_done_in_the_four_groups_and_the_warehouse(
         serve_in_thread(ApiService.from_settings(s)) as api,
     ):
         warehouse.migrate(DDL_DIR)
-        auth = {"Authorization": f"Bearer {KeyStore(s.api_keys_db).create('acme').key}"}
+        auth = {"Authorization": f"Bearer {KeyStore.from_settings(s).create('acme').key}"}
         answer = requests.post(
             f"{api.url}/v1/documents",
             headers=auth,

@@ -54,7 +54,7 @@ def api(api_settings: Settings) -> Iterator[ServedApi]:
 
 
 def key_for(settings: Settings, tenant: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {KeyStore(settings.api_keys_db).create(tenant).key}"}
+    return {"Authorization": f"Bearer {KeyStore.from_settings(settings).create(tenant).key}"}
 
 
 def post_file(api: ServedApi, auth: dict[str, str], data: bytes, name: str = "doc.pdf", **fields: str):  # type: ignore[no-untyped-def]
@@ -161,7 +161,7 @@ def test_keys_and_tenants(api: ServedApi, api_settings: Settings) -> None:
     missing = post_file(api, {}, pdf)
     assert missing.status_code == 401 and missing.headers["WWW-Authenticate"] == "Bearer"
     assert post_file(api, {"Authorization": "Bearer dsk_0000000000000000_nope"}, pdf).status_code == 401
-    store = KeyStore(api_settings.api_keys_db)
+    store = KeyStore.from_settings(api_settings)
     created = store.create("acme")
     auth = {"X-API-Key": created.key}
     accepted = post_file(api, auth, pdf)

@@ -79,8 +79,8 @@ def test_uploads_during_a_broker_stop_wait_in_the_outbox_and_reach_the_topic_onc
 ) -> None:
     main_settings = settings_for(tmp_path / "main", broker)
     small_settings = settings_for(tmp_path / "small", broker, outbox_max_records=SMALL)
-    main_auth = {"Authorization": f"Bearer {KeyStore(main_settings.api_keys_db).create('acme').key}"}
-    small_auth = {"Authorization": f"Bearer {KeyStore(small_settings.api_keys_db).create('acme').key}"}
+    main_auth = {"Authorization": f"Bearer {KeyStore.from_settings(main_settings).create('acme').key}"}
+    small_auth = {"Authorization": f"Bearer {KeyStore.from_settings(small_settings).create('acme').key}"}
     with (
         serve_in_thread(ApiService.from_settings(main_settings)) as api,
         serve_in_thread(ApiService.from_settings(small_settings)) as small,

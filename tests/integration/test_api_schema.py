@@ -174,7 +174,7 @@ def test_every_operation_conforms_to_the_served_openapi_document(
                 assert {"400", "401"} <= set(operation["responses"]), (method, path)
             assert "HTTPValidationError" not in json.dumps(operation), (method, path)
 
-    key = KeyStore(api_settings.api_keys_db).create("acme").key
+    key = KeyStore.from_settings(api_settings).create("acme").key
     document_id = _seed_done_document(api, key)
 
     (tmp_path / "keyed").mkdir()
@@ -199,7 +199,7 @@ def test_every_operation_conforms_to_the_served_openapi_document(
 def test_hostile_bodies_and_indices_are_refused_not_crashed(api: ServedApi, api_settings: Settings) -> None:
     """What the fuzzer seldom builds: JSON nested past the parser's recursion limit (a 500 once),
     a body that is not UTF-8, odd multipart bodies, thumbnail indices out of any range."""
-    auth = {"Authorization": f"Bearer {KeyStore(api_settings.api_keys_db).create('hostile').key}"}
+    auth = {"Authorization": f"Bearer {KeyStore.from_settings(api_settings).create('hostile').key}"}
     url = f"{api.url}/v1/documents"
     json_type = {**auth, "Content-Type": "application/json"}
     for body in (b"[" * 60_000, b'{"uri": ' + b"[" * 50_000, b'{"uri": "\xff\xfe"}', b"[1]", b'{"uri": 5}'):

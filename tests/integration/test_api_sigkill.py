@@ -109,7 +109,7 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
         home=home,
         topic_partitions=PARTITIONS,
     )  # the warehouse: chDB under <home>/warehouse
-    auth = {"Authorization": f"Bearer {KeyStore(settings.api_keys_db).create('acme').key}"}
+    auth = {"Authorization": f"Bearer {KeyStore.from_settings(settings).create('acme').key}"}
     registry, outbox = settings.api_state_dir / "documents.db", settings.api_state_dir / "outbox.db"
     log = tmp_path / "api.log"
     port = free_port()

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from docstream.api.keys import LAST_USED_EVERY_S, KeyStore, Principal
+from docstream.blobstore import BlobStore
 from docstream.cli import app
 from docstream.errors import ConfigurationError
 from docstream.settings import Settings
@@ -20,7 +21,12 @@ runner = CliRunner()
 
 @pytest.fixture
 def store(tmp_path: Path) -> KeyStore:
-    return KeyStore(tmp_path / "api" / "keys.db")
+    return KeyStore(BlobStore(str(tmp_path / "blobs")))
+
+
+def _files(store: KeyStore) -> list[Path]:
+    root = Path(store.blobs.resolve(store.blobs.uri("state/api/keys/x"))).parent
+    return [p for p in root.iterdir() if p.is_file()]
 
 
 def _secret(key: str) -> str:
@@ -41,7 +47,7 @@ def test_the_database_holds_no_plaintext(store: KeyStore) -> None:
     created = [store.create("acme") for _ in range(3)]
     for c in created:
         assert store.verify(c.key) is not None
-    raw = b"".join(p.read_bytes() for p in store.path.parent.iterdir())
+    raw = b"".join(p.read_bytes() for p in _files(store))
     for c in created:
         assert c.key.encode() not in raw
         assert _secret(c.key).encode() not in raw
@@ -108,7 +114,32 @@ def test_a_revoked_key_gives_none_and_stays_listed(store: KeyStore) -> None:
     assert store.verify(kept.key) is not None
     listed = {k.key_id: k for k in store.list()}
     assert listed[created.key_id].revoked and not listed[kept.key_id].revoked
-    assert KeyStore(store.path).verify(created.key) is None  # on disk, not in a cache
+    assert KeyStore(store.blobs).verify(created.key) is None  # in the shared store, not in a cache
+
+
+def test_a_revocation_reaches_another_replica_within_the_refresh(tmp_path: Path) -> None:
+    """Two replicas share one store: one revokes, the other refuses the key once what it read of it
+    is older than `refresh_s` (and not before: it does not read the store per request)."""
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    now = [100.0]
+    elsewhere = KeyStore(blobs, refresh_s=5.0, monotonic=lambda: now[0])
+    created = KeyStore(blobs).create("acme")
+    assert elsewhere.verify(created.key) is not None
+    assert KeyStore(blobs).revoke(created.key_id)
+    now[0] += 4.9
+    assert elsewhere.verify(created.key) is not None  # read 4.9 s ago: still trusted
+    now[0] += 0.2
+    assert elsewhere.verify(created.key) is None
+
+
+def test_a_key_made_after_a_miss_is_known_within_the_refresh(tmp_path: Path) -> None:
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    now = [100.0]
+    replica = KeyStore(blobs, refresh_s=5.0, monotonic=lambda: now[0])
+    assert replica.verify("dsk_0123456789abcdef_" + "A" * 43) is None  # remembered as missing
+    created = KeyStore(blobs).create("acme")
+    now[0] += 5.1
+    assert replica.verify(created.key) == Principal("acme", created.key_id)
 
 
 def test_list_never_shows_a_secret_and_filters_by_tenant(store: KeyStore) -> None:
@@ -134,7 +165,7 @@ def test_list_never_shows_a_secret_and_filters_by_tenant(store: KeyStore) -> Non
 
 def test_last_used_is_written_at_most_once_a_minute(tmp_path: Path) -> None:
     now = [1_800_000_000.0]
-    store = KeyStore(tmp_path / "keys.db", clock=lambda: now[0])
+    store = KeyStore(BlobStore(str(tmp_path / "blobs")), clock=lambda: now[0])
     created = store.create("acme")
     assert store.list()[0].last_used_at is None
     store.verify(created.key)
@@ -150,17 +181,11 @@ def test_last_used_is_written_at_most_once_a_minute(tmp_path: Path) -> None:
 
 
 def test_the_store_is_private(tmp_path: Path) -> None:
-    folder = tmp_path / "api"
-    store = KeyStore(folder / "keys.db")
+    store = KeyStore(BlobStore(str(tmp_path / "blobs")))
     store.create("acme")
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    for path in folder.iterdir():
+    folder = tmp_path / "blobs" / "state" / "api" / "keys"
+    for path in [folder, *folder.iterdir()]:
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
-    folder.chmod(0o755)
-    store.path.chmod(0o644)
-    KeyStore(store.path)  # an opened store closes what others could read
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
 
 
 def test_no_repr_shows_the_key(store: KeyStore) -> None:
@@ -186,27 +211,26 @@ def test_a_bad_label_is_refused(store: KeyStore, label: str) -> None:
         store.create("acme", label=label)
 
 
-def test_the_default_store_lies_under_home_and_can_be_moved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("DOCSTREAM_API__KEYS_DB", raising=False)
+def test_the_default_store_is_the_blob_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCSTREAM_BLOB_URL", raising=False)
     monkeypatch.setenv("DOCSTREAM_HOME", str(tmp_path))
-    assert Settings().api_keys_db == (tmp_path / "api" / "keys.db").resolve()
-    monkeypatch.setenv("DOCSTREAM_API__KEYS_DB", str(tmp_path / "elsewhere.db"))
-    assert Settings().api_keys_db == tmp_path / "elsewhere.db"
+    KeyStore.from_settings(Settings()).create("acme")
+    assert len(list((tmp_path / "blobs" / "state" / "api" / "keys").iterdir())) == 1
+    monkeypatch.setenv("DOCSTREAM_BLOB_URL", str(tmp_path / "elsewhere"))
+    KeyStore.from_settings(Settings()).create("acme")
+    assert len(list((tmp_path / "elsewhere" / "state" / "api" / "keys").iterdir())) == 1
 
 
 # -- the command -------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "state" / "keys.db"
-    monkeypatch.setenv("DOCSTREAM_API__KEYS_DB", str(path))
-    return path
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BlobStore:
+    monkeypatch.setenv("DOCSTREAM_BLOB_URL", str(tmp_path / "blobs"))
+    return BlobStore(str(tmp_path / "blobs"))
 
 
-def test_cli_create_prints_the_key_once(db: Path) -> None:
+def test_cli_create_prints_the_key_once(db: BlobStore) -> None:
     done = runner.invoke(app, ["api", "keys", "create", "--tenant", "acme", "--label", "ci"])
     assert done.exit_code == 0, done.output
     key = next(line for line in done.stdout.splitlines() if line.startswith("dsk_"))
@@ -217,7 +241,7 @@ def test_cli_create_prints_the_key_once(db: Path) -> None:
     assert key.split("_")[1] in listed.stdout and "acme" in listed.stdout and "1 API key," in listed.stdout
 
 
-def test_cli_json_shapes(db: Path) -> None:
+def test_cli_json_shapes(db: BlobStore) -> None:
     created = runner.invoke(app, ["api", "keys", "create", "--tenant", "acme", "--json"])
     assert created.exit_code == 0, created.output
     new = json.loads(created.stdout)
@@ -240,7 +264,7 @@ def test_cli_json_shapes(db: Path) -> None:
     assert KeyStore(db).verify(new["key"]) is None
 
 
-def test_cli_revoke_says_what_it_did(db: Path) -> None:
+def test_cli_revoke_says_what_it_did(db: BlobStore) -> None:
     key_id = KeyStore(db).create("acme").key_id
     first = runner.invoke(app, ["api", "keys", "revoke", key_id])
     assert first.exit_code == 0 and "revoked" in first.stdout and "already" not in first.stdout
@@ -258,12 +282,12 @@ def test_cli_revoke_says_what_it_did(db: Path) -> None:
         (["create", "--tenant", "acme", "--label", "a\nb"], "label"),
     ],
 )
-def test_cli_wrong_use_exits_2_with_a_reason(db: Path, argv: list[str], says: str) -> None:
+def test_cli_wrong_use_exits_2_with_a_reason(db: BlobStore, argv: list[str], says: str) -> None:
     done = runner.invoke(app, ["api", "keys", *argv])
     assert done.exit_code == 2, done.output
     assert says in done.stderr and done.stdout == ""
 
 
-def test_cli_create_needs_a_tenant(db: Path) -> None:
+def test_cli_create_needs_a_tenant(db: BlobStore) -> None:
     done = runner.invoke(app, ["api", "keys", "create"])
     assert done.exit_code == 2 and "--tenant" in done.output
