@@ -118,6 +118,7 @@ class AdmissionControl:
     # decide runs on the API's request threads, observe on the watch's: one at a time
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False)
+    _admitted: dict[str, int] = field(default_factory=dict, init=False)  # per tenant, since start
 
     def __post_init__(self) -> None:
         if not self.objective_s > 0 or not 0 < self.bulk_share <= 1:
@@ -177,7 +178,32 @@ class AdmissionControl:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(quota_wait)))
             return Admission(False, "quota", backlog, wait, retry, no_data=wait is None)
         self._admitted_since[partition] = self._admitted_since.get(partition, 0) + 1
+        self._admitted[tenant] = self._admitted.get(tenant, 0) + 1
         return Admission(True, None, backlog, wait, 0, no_data=wait is None)
+
+    def admitted(self) -> dict[str, int]:
+        """Per tenant, the documents this process admitted since it started (the replicas'
+        heartbeats carry it: docstream.api.replicas)."""
+        with self._lock:
+            return dict(self._admitted)
+
+    def charge(self, tenant: str, documents: int) -> None:
+        """Take `documents` tokens from the tenant's bucket for what another replica admitted. The
+        bucket may go below zero (down to -burst): this replica then refuses the tenant until the
+        shared quota has refilled."""
+        if documents <= 0:
+            return
+        with self._lock:
+            bucket = self._refilled(tenant)
+            bucket.tokens = max(-self.quota_of(tenant).burst, bucket.tokens - documents)
+
+    def refund(self, tenant: str) -> None:
+        """Give back the token of an admitted document that was not accepted after all (another
+        replica accepted the same content first)."""
+        with self._lock:
+            bucket = self._refilled(tenant)
+            bucket.tokens = min(self.quota_of(tenant).burst, bucket.tokens + 1)
+            self._admitted[tenant] = max(0, self._admitted.get(tenant, 0) - 1)
 
     def _projected(self, partition: int) -> PartitionWait | None:
         """The sample's prediction carried forward to now: the backlog grows by what arrived
@@ -205,16 +231,21 @@ class AdmissionControl:
 
     def _take(self, tenant: str) -> float:
         """Take a token from the tenant's bucket: 0 when one was there, else the seconds until one is."""
+        quota, bucket = self.quota_of(tenant), self._refilled(tenant)
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) / quota.rate_per_s
+
+    def _refilled(self, tenant: str) -> _Bucket:
+        """The tenant's bucket, refilled up to now (the caller holds `_lock`)."""
         quota, now = self.quota_of(tenant), self.clock()
         bucket = self._buckets.get(tenant)
         if bucket is None:
             bucket = self._buckets[tenant] = _Bucket(quota.burst, now)
         bucket.tokens = min(quota.burst, bucket.tokens + max(0.0, now - bucket.at) * quota.rate_per_s)
         bucket.at = now
-        if bucket.tokens >= 1:
-            bucket.tokens -= 1
-            return 0.0
-        return (1 - bucket.tokens) / quota.rate_per_s
+        return bucket
 
 
 def _predicted_wait(lag: int, completion_rate: float | None) -> float | None:
