@@ -187,6 +187,13 @@ class ApiSettings(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="the address `docstream api serve` listens on")
     port: int = Field(default=8080, ge=0, le=65535, description="its port; 0: any free port, printed")
+    key_refresh_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="a replica reads again whether a key it verified was revoked after this long (s):"
+        " a revocation is in force on every replica within it",
+    )
     state_dir: Path | None = Field(
         default=None,
         description="the API's documents registry and outbox (SQLite); unset: <home>/api",

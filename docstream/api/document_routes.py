@@ -29,7 +29,7 @@ def add_document_routes(app: FastAPI, service: ApiService) -> None:
     over `service`."""
 
     def own_document(document_id: str, who: Principal) -> DocumentRow:
-        row = service.registry.get(document_id) if _DOCUMENT_ID.fullmatch(document_id) else None
+        row = service.document(document_id) if _DOCUMENT_ID.fullmatch(document_id) else None
         if row is None or row.tenant != who.tenant:
             raise StarletteHTTPException(404, "no such document")
         return row

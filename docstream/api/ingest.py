@@ -7,11 +7,16 @@
    trusted; 415), and the limits every stage applies, pages and pixels (`consumers.pages.
    inspect_document`; 422): a document the workers would dead-letter is refused at the door;
 2. **deduplicate**: the same tenant's same content (sha256) has one document id; posting it
-   again answers that id and publishes nothing, unless `reprocess` asks for a new upload of it;
+   again answers that id and publishes nothing, unless `reprocess` asks for a new upload of it.
+   This replica's registry knows every upload the API published, whichever replica accepted it
+   (its tracker reads them back from doc.uploaded);
 3. **admit** (`docstream.api.admission`): the predicted wait on the partition the document's key
    lands on, and the tenant's quota; a refusal is a `Refused` 429 with Retry-After;
 4. **store** the content in the blob store (under its sha256, fsync'd) and build the
    doc.uploaded record (its trace context from the request, `docstream.api.trace`);
+   **claim** a new document (docstream.api.claims): one conditional write in the shared blob
+   store decides, across every replica, which request's id the content gets. A request that
+   loses gives its quota token back and answers the winner's id, publishing nothing;
 5. **deliver**: produce the event and wait for the broker's acknowledgement (acks=all); the
    API's producer gives an event up after `publish_timeout_s` (its `message.timeout.ms`). When no
    acknowledgement comes (or records already wait in the outbox, whose order must hold), the very
@@ -20,8 +25,8 @@
    consumers count once. A full outbox is a `Refused` 503 with Retry-After;
 6. **record** it in the registry (docstream.api.registry): id, partition, offset or outbox seq.
 
-Uploads of the same tenant's same content are serialised (a striped lock), so two racing posts
-get one id. A JSON upload names a URI instead of sending bytes: it must lie under an import root,
+Two racing posts of the same content, on one replica or two, get one id and one event (the
+claim). A JSON upload names a URI instead of sending bytes: it must lie under an import root,
 in the tenant's own folder (`<root>/<tenant>/...`), and passes the blob store's confinement
 rules (`BlobStore.resolve`: scheme, canonical path, no symlink out of the root) before a byte is
 read; it is then read, at most `max_bytes + 1` bytes, and checked like an upload.
@@ -33,17 +38,20 @@ import hashlib
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from consumers.pages import inspect_document
 from docstream import validation
 from docstream.api.admission import Admission, AdmissionControl, Priority
+from docstream.api.claims import Claim, Claims
 from docstream.api.outbox import Outbox
 from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import DocumentRow, Registry
+from docstream.api.registry_updates import upload_row
 from docstream.api.trace import TraceContext
 from docstream.blobstore import BlobStore, StoredContent
 from docstream.errors import (
@@ -66,7 +74,6 @@ from producers.publisher import Publisher
 from schemas.codec import Codec
 
 OUTBOX_FULL_RETRY_S = 5
-_STRIPES = 64
 
 
 class Refused(Exception):
@@ -117,22 +124,26 @@ class Ingest:
         outbox: Outbox,
         relay: OutboxRelay | None,
         registry: Registry,
+        claims: Claims,
         admission: AdmissionControl,
         partitions: Callable[[], int],
         limits: Limits,
         import_roots: tuple[str, ...],
         publish_timeout_s: float,
+        claim_wait_s: float | None = None,
         topic: str = DOC_UPLOADED,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         random_bytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
         self.blobs, self.codec, self.publisher = blobs, codec, publisher
-        self.outbox, self.relay, self.registry = outbox, relay, registry
+        self.outbox, self.relay, self.registry, self.claims = outbox, relay, registry, claims
+        # A claimant delivers within publish_timeout_s (or puts the event in its outbox); its
+        # tracker-read upload reaches another replica's registry a poll later.
+        self.claim_wait_s = publish_timeout_s + 2.0 if claim_wait_s is None else claim_wait_s
         self.admission, self.partitions, self.limits = admission, partitions, limits
         self.topic, self.publish_timeout_s = topic, publish_timeout_s
         self._roots = tuple(BlobStore(root) for root in import_roots)
         self._clock, self._random_bytes = clock, random_bytes
-        self._stripes = tuple(threading.Lock() for _ in range(_STRIPES))
 
     # -- reading a URI --------------------------------------------------------------------
 
@@ -164,57 +175,106 @@ class Ingest:
     # -- accepting ------------------------------------------------------------------------
 
     def accept(self, upload: Upload) -> Accepted:
-        """Check, deduplicate, admit, store, deliver and record one upload (module docstring)."""
+        """Check, deduplicate, admit, store, claim, deliver and record one upload (module docstring)."""
         content = upload.content
         self._check_size(len(content))
         digest = hashlib.sha256(content).hexdigest()
-        with self._stripes[hash((upload.tenant, digest)) % _STRIPES]:
-            known = self.registry.find(upload.tenant, digest)
-            if known is not None and not upload.reprocess:
-                return Accepted(known, deduplicated=True, admission=None)
-            content_type = self._check_content(content, upload.name)
-            document_id = known.document_id if known is not None else new_document_id(self._random_bytes)
-            partition = java_partition(document_id.encode(), self.partitions())
-            admission = self.admission.decide(upload.tenant, partition, upload.priority)
-            if not admission.admitted:
-                raise Refused(
-                    429,
-                    f"too many requests: {admission.reason}",
-                    headers={"Retry-After": str(admission.retry_after_s)},
-                    **{k: v for k, v in admission.body().items() if k != "error"},
-                    reason=admission.reason,
-                )
-            stored = self.blobs.put_content(content)
-            uploaded_at = self._clock()
-            try:
-                _, value = self._record(document_id, upload, stored, content_type, uploaded_at)
-            except (InvalidEventError, SchemaError, ValueError) as exc:
-                raise Refused(400, f"the upload is not valid: {_first_line(exc)}") from None
-            delivered, seq = self._deliver(document_id.encode(), value, upload.trace.kafka_headers())
-            row = DocumentRow(
-                document_id=document_id,
-                tenant=upload.tenant,
-                content_sha256=stored.sha256,
-                size_bytes=stored.size,
-                content_type=content_type,
-                blob_uri=stored.uri,
-                uploaded_at_ms=math.floor(uploaded_at.timestamp() * 1000),
-                traceparent=upload.trace.traceparent,
-                request_id=upload.trace.request_id,
-                priority=upload.priority.value,
-                topic=self.topic,
-                partition=delivered.partition if delivered is not None else partition,
-                offset=delivered.offset if delivered is not None else None,
-                outbox_seq=seq,
-                uploads=1,
-                accepted_at_ms=math.floor(self._clock().timestamp() * 1000),
+        known = self.registry.find(upload.tenant, digest)
+        if known is not None and not upload.reprocess:
+            return Accepted(known, deduplicated=True, admission=None)
+        claimed = self.claims.read(upload.tenant, digest) if known is None and upload.reprocess else None
+        content_type = self._check_content(content, upload.name)
+        if known is not None:
+            document_id = known.document_id
+        elif claimed is not None:
+            document_id = claimed.document_id
+        else:
+            document_id = new_document_id(self._random_bytes)
+        partition = java_partition(document_id.encode(), self.partitions())
+        admission = self.admission.decide(upload.tenant, partition, upload.priority)
+        if not admission.admitted:
+            raise Refused(
+                429,
+                f"too many requests: {admission.reason}",
+                headers={"Retry-After": str(admission.retry_after_s)},
+                **{k: v for k, v in admission.body().items() if k != "error"},
+                reason=admission.reason,
             )
-            if known is None:
-                row = self.registry.add(row)
-            else:
-                self.registry.reuploaded(row)
-                row = self.registry.get(document_id) or row
+        stored = self.blobs.put_content(content)
+        uploaded_at = self._clock()
+        try:
+            _, value = self._record(document_id, upload, stored, content_type, uploaded_at)
+        except (InvalidEventError, SchemaError, ValueError) as exc:
+            raise Refused(400, f"the upload is not valid: {_first_line(exc)}") from None
+        headers = upload.trace.kafka_headers()
+        if known is None and claimed is None:
+            first = self.claims.claim(
+                upload.tenant,
+                digest,
+                document_id=document_id,
+                topic=self.topic,
+                key=document_id.encode(),
+                value=value,
+                headers=headers,
+            )
+            if first is not None:  # another request (this replica's or another's) was first
+                self.admission.refund(upload.tenant)
+                return Accepted(self._claimed_row(first), deduplicated=True, admission=None)
+        delivered, seq = self._deliver(document_id.encode(), value, headers)
+        row = DocumentRow(
+            document_id=document_id,
+            tenant=upload.tenant,
+            content_sha256=stored.sha256,
+            size_bytes=stored.size,
+            content_type=content_type,
+            blob_uri=stored.uri,
+            uploaded_at_ms=math.floor(uploaded_at.timestamp() * 1000),
+            traceparent=upload.trace.traceparent,
+            request_id=upload.trace.request_id,
+            priority=upload.priority.value,
+            topic=self.topic,
+            partition=delivered.partition if delivered is not None else partition,
+            offset=delivered.offset if delivered is not None else None,
+            outbox_seq=seq,
+            uploads=1,
+            accepted_at_ms=math.floor(self._clock().timestamp() * 1000),
+        )
+        if self.registry.get(document_id) is None:
+            row = self.registry.add(row)
+        else:
+            self.registry.reuploaded(row)
+            row = self.registry.get(document_id) or row
         return Accepted(row, deduplicated=False, admission=admission)
+
+    def _claimed_row(self, claim: Claim) -> DocumentRow:
+        """The row of a document another request claimed: as soon as this replica's tracker has
+        read its upload back from the topic (`claim_wait_s` at most); when it has not by then, the
+        claimant may be gone before it delivered: the claim's own bytes are delivered from here
+        (a copy at worst, counted once; module docstring of docstream.api.claims)."""
+        deadline = time.monotonic() + self.claim_wait_s
+        while True:
+            row = self.registry.get(claim.document_id)
+            if row is not None:
+                return row
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        delivered, seq = self._deliver(claim.key, claim.value, list(claim.headers))
+        record = self.codec.decode(UPLOAD_EVENT, claim.value, topic=claim.topic)
+        partition = (
+            delivered.partition if delivered is not None else java_partition(claim.key, self.partitions())
+        )
+        row = upload_row(
+            record,
+            list(claim.headers),
+            claim.topic,
+            partition,
+            delivered.offset if delivered is not None else None,
+            claim.claimed_at_ms,
+        )
+        if row is None:
+            raise BlobStoreError(f"the claim of document {claim.document_id} holds no upload of the API")
+        return self.registry.add(replace(row, outbox_seq=seq))
 
     def _record(
         self,

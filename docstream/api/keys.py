@@ -61,7 +61,7 @@ _DUMMY_HASH: Final = hashlib.sha256(b"no such key").digest()
 AREA: Final = "api/keys"
 """Where the keys live in the blob store's state area: <key id>.json (written once), <key id>.revoked
 (written once, by `revoke`), <key id>.used (the last use, rewritten at most once a minute)."""
-REFRESH_S: Final = 5.0
+REFRESH_S: Final = 2.0
 """How long a replica trusts what it read of a key: a revocation is in force on every replica within
 this (plus one read of the store)."""
 

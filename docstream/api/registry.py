@@ -247,6 +247,7 @@ class Registry:
         updates: Iterable[tuple[str, str, int, str, Mapping[str, Any], int]],
         positions: Mapping[tuple[str, int], int],
         redrives: Iterable[Redrive] = (),
+        uploads: Iterable[DocumentRow] = (),
     ) -> None:
         """Progress (document id, group, upload ms, state, detail, at ms), the redrives seen and the
         tracker's positions, in one transaction. Done wins over failed for the same upload (a
@@ -254,6 +255,8 @@ class Registry:
         progress. A failed update is redriven when a redrive recorded here, before or with it,
         cites its `detail["dead_letter"]`; a done one keeps the redrive of its upload's failure."""
         with self._transaction() as db:
+            for row in uploads:
+                _observed(db, row)
             for document_id, group, uploaded_ms, state, detail, at_ms in updates:
                 current = db.execute(
                     "SELECT uploaded_at_ms, state, redriven FROM progress WHERE document_id = ? AND grp = ?",
@@ -318,6 +321,33 @@ class Registry:
         with self._lock:
             rows = self._db.execute("SELECT topic, partition, next_offset FROM positions").fetchall()
         return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+
+def _observed(db: sqlite3.Connection, row: DocumentRow) -> None:
+    """An upload read back from its topic (this replica's or another's): a document not recorded
+    yet is added; the event of the recorded upload gives its place (an outbox record relayed, by
+    this replica or a peer); a later upload is a reprocess (one more upload); an earlier one, or
+    an identical copy, changes nothing."""
+    current = db.execute(
+        "SELECT uploaded_at_ms, offset FROM documents WHERE document_id = ?", (row.document_id,)
+    ).fetchone()
+    if current is None:
+        db.execute(
+            f"INSERT OR IGNORE INTO documents ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            tuple(row.__dict__.values()),
+        )
+    elif row.uploaded_at_ms == current[0]:
+        if current[1] is None:
+            db.execute(
+                "UPDATE documents SET partition = ?, offset = ?, outbox_seq = NULL WHERE document_id = ?",
+                (row.partition, row.offset, row.document_id),
+            )
+    elif row.uploaded_at_ms > current[0]:
+        db.execute(
+            "UPDATE documents SET uploaded_at_ms = ?, traceparent = ?, request_id = ?, partition = ?,"
+            " offset = ?, outbox_seq = NULL, uploads = uploads + 1 WHERE document_id = ?",
+            (row.uploaded_at_ms, row.traceparent, row.request_id, row.partition, row.offset, row.document_id),
+        )
 
 
 def _redrive(

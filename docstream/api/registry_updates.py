@@ -16,7 +16,8 @@ from typing import Any
 
 from consumers.ops.dlq.entries import coordinates, decode_history
 from consumers.runtime import headers as hdr
-from docstream.api.registry import DONE, FAILED
+from docstream.api.registry import DONE, FAILED, DocumentRow
+from docstream.api.trace import REQUEST_ID_HEADER, TRACEPARENT_HEADER
 from docstream.topology import (
     DEAD_LETTERED_GROUPS,
     DOC_UPLOADED,
@@ -34,7 +35,9 @@ Update = tuple[str, str, int, str, dict[str, Any], int]
 """(document id, group, upload ms, state, detail, at ms): one row of `Registry.record`."""
 TP = tuple[str, int]
 
-RESULT, DEAD_LETTER, RETRY = "result", "dead-letter", "retry"
+RESULT, DEAD_LETTER, RETRY, UPLOAD = "result", "dead-letter", "retry", "upload"
+API_SOURCE = "api"
+"""The `source` of the doc.uploaded events the API publishes: the uploads its replicas know."""
 # The completion fields a done detail keeps besides the stage's own ones.
 DONE_FIELDS = ("result_uri", "idempotency_key", "model_version", "completed_at", "processing_ms")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -47,14 +50,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 class Followed:
     """A topic the tracker follows: what it carries and for which group (short name)."""
 
-    kind: str  # RESULT, DEAD_LETTER or RETRY
+    kind: str  # RESULT, DEAD_LETTER, RETRY or UPLOAD
     group: str
     event_type: str | None = None  # of a result topic
 
 
 def followed_topics(prefix: str = "docstream.") -> dict[str, Followed]:
     """Topic -> what it is, for every topic the tracker reads."""
-    topics = {s.result_topic: Followed(RESULT, s.name, s.result_event) for s in STAGES}
+    topics = {DOC_UPLOADED: Followed(UPLOAD, "", UPLOAD_EVENT)}
+    topics.update({s.result_topic: Followed(RESULT, s.name, s.result_event) for s in STAGES})
     for g in DEAD_LETTERED_GROUPS:
         topics[dead_letter_topic(group_id(g, prefix))] = Followed(DEAD_LETTER, g)
         topics[retry_topic(group_id(g, prefix))] = Followed(RETRY, g)
@@ -135,6 +139,40 @@ def redrive_sources(headers: hdr.Headers) -> tuple[str, ...] | None:
         return None
     steps, _ = decode_history(h[hdr.REDRIVE])
     return tuple(dict.fromkeys(step.source for step in steps))
+
+
+def upload_row(
+    record: Mapping[str, Any],
+    headers: hdr.Headers,
+    topic: str,
+    partition: int,
+    offset: int | None,
+    at_ms: int,
+) -> DocumentRow | None:
+    """The registry row of an upload the API published (any replica: `source` is "api"), read back
+    from its topic; None for other producers' uploads."""
+    if record.get("source") != API_SOURCE:
+        return None
+    named = hdr.to_dict(headers)
+    trace = record.get("trace") or {}
+    return DocumentRow(
+        document_id=str(record["document_id"]),
+        tenant=str(record["tenant"]),
+        content_sha256=str(record["content_sha256"]),
+        size_bytes=int(record["size_bytes"]),
+        content_type=str(record["content_type"]),
+        blob_uri=str(record["blob_uri"]),
+        uploaded_at_ms=epoch_ms(record["uploaded_at"]),
+        traceparent=str(trace.get("traceparent") or named.get(TRACEPARENT_HEADER, "")),
+        request_id=named.get(REQUEST_ID_HEADER, ""),
+        priority="interactive",  # not on the event: the accepting replica's row alone has it
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        outbox_seq=None,
+        uploads=1,
+        accepted_at_ms=at_ms,
+    )
 
 
 def upload_ms_of(codec: Codec, value: bytes | None, headers: hdr.Headers) -> int | None:

@@ -24,15 +24,17 @@ from consumers.lag.targets import resolve_targets
 from consumers.warehouse.query_client import find_owner, open_for_queries
 from consumers.warehouse.query_server import data_dir
 from docstream.api.admission import AdmissionControl, Quota
+from docstream.api.claims import Claims
 from docstream.api.ingest import Ingest
 from docstream.api.keys import KeyStore
 from docstream.api.outbox import Outbox
 from docstream.api.outbox_relay import OutboxRelay
-from docstream.api.registry import Registry
+from docstream.api.registry import DocumentRow, Registry
+from docstream.api.replicas import Replicas
 from docstream.api.sampler import SamplerProcess, SamplerSpec, log_format_in_use
 from docstream.api.tracker import Tracker
 from docstream.api.watch import ClusterWatch
-from docstream.blobstore import BlobStore, private_file
+from docstream.blobstore import BlobStore, blob_store, private_file
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config
 from docstream.kafka.connection import ConnectionWatch
@@ -46,6 +48,7 @@ from schemas.codec import make_codec
 log = logging.getLogger(__name__)
 
 WAREHOUSE_CHECK_S = 10.0
+DOCUMENT_WAIT_S = 2.0
 CLIENT_ID = "docstream-api"
 GROUPS: tuple[str, ...] = (*STAGE_NAMES, ANALYTICS)
 """The groups every uploaded document goes through (short names)."""
@@ -66,6 +69,7 @@ class ApiService:
     tracker: Tracker
     ingest: Ingest
     blobs: BlobStore
+    replicas: Replicas
     groups: dict[str, str]  # short name -> group id
     lock: int  # the file descriptor holding the state folder's lock
     _warehouse_seen: tuple[float, dict[str, Any]] | None = None
@@ -80,7 +84,8 @@ class ApiService:
         connection = {**connection_config(settings), "client.id": CLIENT_ID}
         groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
         lock = _hold_state(state)
-        keys = KeyStore.from_settings(settings)
+        blobs = blob_store(settings)
+        keys = KeyStore(blobs, refresh_s=api.key_refresh_s)
         registry = Registry(state / "documents.db")
         outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
         watch_log = ConnectionWatch("api producer")
@@ -137,7 +142,7 @@ class ApiService:
         )
         codec = make_codec(settings.schema_registry_url)
         tracker = Tracker(registry, connection=connection, codec=codec, prefix=settings.group_prefix)
-        blobs = BlobStore(settings.blob_root)
+        replicas = Replicas(blobs, admitted=admission.admitted, on_charge=admission.charge)
         ingest = Ingest(
             blobs=blobs,
             codec=codec,
@@ -145,6 +150,7 @@ class ApiService:
             outbox=outbox,
             relay=relay,
             registry=registry,
+            claims=Claims(blobs, codec, replica_id=replicas.replica_id),
             admission=admission,
             partitions=lambda: watch.view().partitions,
             limits=Limits.from_settings(settings),
@@ -163,6 +169,7 @@ class ApiService:
             tracker,
             ingest,
             blobs,
+            replicas,
             groups,
             lock,
         )
@@ -171,6 +178,7 @@ class ApiService:
         self._polling = threading.Event()
         self._poller = threading.Thread(target=self._serve_reports, name="api delivery reports", daemon=True)
         self._poller.start()
+        self.replicas.start()
         self.watch.start()
         self.relay.start()
         self.tracker.start()
@@ -196,9 +204,19 @@ class ApiService:
             self.publisher.close(timeout=5.0)
         except Exception as exc:  # events not acknowledged are in the outbox or answered 503 already
             log.warning("api: closing the producer: %s", exc)
+        self.replicas.stop()
         self.outbox.close()
         self.registry.close()
         os.close(self.lock)  # releases the state folder
+
+    def document(self, document_id: str) -> DocumentRow | None:
+        """The registry's row of a document; when there is none, once the tracker has read the topics
+        up to their ends as they are now (DOCUMENT_WAIT_S at most): a document that another replica
+        accepted a moment ago is on the topic already, and read back by then."""
+        row = self.registry.get(document_id)
+        if row is None and self.tracker.wait_caught_up(DOCUMENT_WAIT_S):
+            row = self.registry.get(document_id)
+        return row
 
     def __enter__(self) -> ApiService:
         return self.start()
@@ -249,6 +267,7 @@ class ApiService:
                 "max_records": self.outbox.max_records,
                 "full": depth >= self.outbox.max_records,
             },
+            "replicas": self.replicas.view(),
             "groups": groups,
         }
 

@@ -3,26 +3,30 @@
 A `Tracker` thread follows, with one consumer that joins no group and commits nothing (assign()
 only; its positions are the registry's):
 
-- the stages' result topics: a completion of a document the registry holds is that stage's
-  "done", with its links (result URI, idempotency key, model version ...) and the stage's own
-  figures (pages, chunks, thumbnail sizes ...);
-- the dead-letter topics of `DEAD_LETTERED_GROUPS`: a dead letter of a registered document is
-  that group's "failed", with its reason (error class and message, attempts, when and where);
+- doc.uploaded: the uploads the API published (`source` "api"), whichever replica accepted them:
+  a document this replica did not accept becomes known here, so that every replica answers for
+  every document; a relayed outbox record gets its offset; a later upload is a reprocess;
+- the stages' result topics: a completion of a document is that stage's "done", with its links
+  (result URI, idempotency key, model version ...) and the stage's own figures (pages, chunks,
+  thumbnail sizes ...);
+- the dead-letter topics of `DEAD_LETTERED_GROUPS`: a dead letter of a document is that group's
+  "failed", with its reason (error class and message, attempts, when and where);
 - their retry topics: a record there with a redrive history (the REDRIVE header) re-drove the
   dead letters its history cites (`Registry.record`'s redrives; the registry remembers them, so a
   redrive read before its dead letter still marks it).
 
-Each batch (up to 500 records) is one `Registry.record` transaction: its progress and the next
-offset of every partition it moved, so a restart resumes exactly where the last batch ended. A
-partition without a stored position starts at the end of its log when the tracker first starts
-(registry without positions: the API starts the tracker before it accepts anything, so nothing
-before concerns it), at its beginning otherwise (a topic or partition that appeared since); the
-position is stored at once. A topic that does not exist yet is looked up again every `refresh_s`.
+Each batch (up to 500 records) is one `Registry.record` transaction: its uploads, progress and the
+next offset of every partition it moved, so a restart resumes exactly where the last batch ended.
+A partition without a stored position is read from its beginning (the registry is each replica's
+own cache of what the topics say: a new replica, or one whose cache was lost, rebuilds it). A
+topic that does not exist yet is looked up again every `refresh_s`.
 
-Records of documents the registry does not hold (other producers' traffic) are skipped; records
-whose value or headers cannot be read are counted (`undecodable`) and logged at DEBUG. An
-unreachable cluster is one WARNING line and one INFO line when it answers again
-(`docstream.kafka.connection.ConnectionWatch`), never a line per attempt.
+Progress is recorded whether or not the document is known yet: the topics are not ordered with
+each other, and a completion may be read before its upload (the status compares the progress's
+upload time with the document's latest, docstream.api.status). Records whose value or headers
+cannot be read are counted (`undecodable`) and logged at DEBUG. An unreachable cluster is one
+WARNING line and one INFO line when it answers again (`docstream.kafka.connection.ConnectionWatch`),
+never a line per attempt.
 
 The mapping from a record to an update (`done_update`, `failed_update`, `redrive_sources`,
 `upload_ms_of`) is pure, for tests without Kafka: docstream.api.registry_updates.
@@ -40,23 +44,26 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.ops.dlq.entries import coordinates
-from docstream.api.registry import Redrive, Registry
+from docstream.api.registry import DocumentRow, Redrive, Registry
 from docstream.api.registry_updates import (
     DEAD_LETTER,
     RESULT,
     TP,
+    UPLOAD,
     Update,
     done_update,
     failed_update,
     followed_topics,
     redrive_sources,
     upload_ms_of,
+    upload_row,
 )
 from docstream.kafka import clients
 from docstream.kafka.config import connection_config
 from docstream.kafka.connection import ConnectionWatch
 from docstream.kafka.ranges import reader_config
 from docstream.settings import Settings
+from docstream.topology import UPLOAD_EVENT
 from schemas.codec import Codec, make_codec
 
 log = logging.getLogger(__name__)
@@ -99,7 +106,6 @@ class Tracker:
         self._lock = threading.Lock()
         self._positions: dict[TP, int] = {}  # assigned partition -> next offset, as recorded
         self._partitions: dict[str, int] = {}  # topic -> partitions assigned
-        self._first_start = False
         self.tracked = 0  # updates and redrives recorded for registered documents
         self.skipped = 0  # records of documents the registry does not hold, ordinary retries
         self.undecodable = 0
@@ -202,8 +208,6 @@ class Tracker:
     def _new_consumer(self) -> Any:
         conf = {**reader_config(self._connection, "api-tracker"), **self.watch.client_config()}
         consumer = clients.consumer(conf)
-        stored = self.registry.positions()
-        self._first_start = not stored
         with self._lock:
             self._positions, self._partitions = {}, {}
         return consumer
@@ -220,22 +224,17 @@ class Tracker:
                 continue
             new += [(topic, p) for p in range(self._partitions.get(topic, 0), len(described.partitions))]
         if not new:
-            self._first_start = False  # a topic created from now on is read from its beginning
             return
         starts: dict[TP, int] = {}
         for tp in new:
             if tp in stored:
                 starts[tp] = stored[tp]
-            elif self._first_start:
-                _, high = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)
-                starts[tp] = high
             else:
                 low, _ = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)
                 starts[tp] = max(low, 0)
         fresh = {tp: offset for tp, offset in starts.items() if tp not in stored}
         if fresh:
             self.registry.record((), fresh)
-        self._first_start = False  # a partition that appears later is read from its beginning
         consumer.incremental_assign([TopicPartition(t, p, starts[(t, p)]) for t, p in new])
         for topic, partition in new:
             self._partitions[topic] = max(self._partitions.get(topic, 0), partition + 1)
@@ -246,6 +245,7 @@ class Tracker:
     def _handle(self, messages: Iterable[Any]) -> None:
         moved: dict[TP, int] = {}
         results: list[tuple[str, Mapping[str, Any]]] = []  # (group, decoded completion)
+        uploads: list[DocumentRow] = []  # the API's uploads, any replica's
         dead: list[tuple[str, Any]] = []  # (group, message)
         redrives: list[tuple[str, Any, tuple[str, ...]]] = []  # (group, message, sources)
         for m in messages:
@@ -261,7 +261,21 @@ class Tracker:
             followed = self.topics.get(m.topic())
             if followed is None:
                 continue
-            if followed.kind == RESULT:
+            if followed.kind == UPLOAD:
+                try:
+                    record = self.codec.decode(
+                        UPLOAD_EVENT, m.value() or b"", topic=m.topic(), coordinates=_where(m)
+                    )
+                    row = upload_row(
+                        record, m.headers(), m.topic(), m.partition(), m.offset(), m.timestamp()[1]
+                    )
+                except Exception as exc:
+                    self.undecodable += 1
+                    log.debug("api tracker: skipping %s: %s", _where(m), exc)
+                    continue
+                if row is not None:
+                    uploads.append(row)
+            elif followed.kind == RESULT:
                 try:
                     record = self.codec.decode(
                         followed.event_type or "", m.value() or b"", topic=m.topic(), coordinates=_where(m)
@@ -284,32 +298,30 @@ class Tracker:
         keys = [str(r.get("document_id", "")) for _, r in results]
         keys += [_key(m) for _, m in dead] + [_key(m) for _, m, _ in redrives]
         latest = self.registry.uploads(k for k in keys if k)
+        for row in uploads:  # this batch's uploads count as recorded (they are, with it)
+            latest[row.document_id] = max(latest.get(row.document_id, 0), row.uploaded_at_ms)
         updates: list[Update] = []
         for group, completion in results:
-            if completion.get("document_id") not in latest:
-                self.skipped += 1
-                continue
             try:
                 update = done_update(completion, group)
             except (KeyError, TypeError, ValueError) as exc:
                 self.undecodable += 1
                 log.debug("api tracker: skipping a completion of %s: %s", completion.get("document_id"), exc)
                 continue
-            if update[2] < latest[update[0]]:
+            if update[2] < latest.get(update[0], 0):
                 self.skipped += 1  # of an older upload than the document's latest
             else:
                 updates.append(update)
         for group, m in dead:
             document_id = _key(m)
-            if document_id not in latest:
-                self.skipped += 1
-                continue
             upload = upload_ms_of(self.codec, m.value(), m.headers())
             if upload is None:
                 self.undecodable += 1
+                if document_id not in latest:
+                    continue
                 log.debug("api tracker: dead letter %s: value not decodable, its latest upload", _where(m))
                 upload = latest[document_id]
-            elif upload < latest[document_id]:
+            elif upload < latest.get(document_id, 0):
                 self.skipped += 1  # of an older upload than the document's latest
                 continue
             timestamp = m.timestamp()[1]
@@ -321,15 +333,15 @@ class Tracker:
         seen: list[Redrive] = []
         for group, m, sources in redrives:
             document_id = _key(m)
-            if document_id not in latest:
+            upload = upload_ms_of(self.codec, m.value(), m.headers())
+            if upload is None and document_id not in latest:
                 self.skipped += 1
                 continue
-            upload = upload_ms_of(self.codec, m.value(), m.headers())
             seen.append((document_id, group, latest[document_id] if upload is None else upload, sources))
-        self.registry.record(updates, moved, seen)
+        self.registry.record(updates, moved, seen, uploads)
         with self._lock:
             self._positions.update(moved)
-        self.tracked += len(updates) + len(seen)
+        self.tracked += len(updates) + len(seen) + len(uploads)
         self.batches += 1
 
     def _end_offsets(self, timeout: float) -> dict[TP, int] | None:

@@ -184,7 +184,8 @@ def test_the_followed_topics() -> None:
     }
     assert topics["acme.analytics.dlq"].group == "analytics"
     assert topics["acme.embeddings.retry"].kind == "retry"
-    assert len(topics) == 11
+    assert topics["doc.uploaded"].kind == "upload"  # the API's uploads, any replica's
+    assert len(topics) == 12
 
 
 # -- the registry's redrives -----------------------------------------------------------------------
