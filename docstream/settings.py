@@ -194,6 +194,13 @@ class ApiSettings(BaseModel):
         description="a replica reads again whether a key it verified was revoked after this long (s):"
         " a revocation is in force on every replica within it",
     )
+    heartbeat_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="how often a replica writes its heartbeat and reads the others' (s): liveness for"
+        " the outbox's takeover, and what each admitted for the shared quota",
+    )
     state_dir: Path | None = Field(
         default=None,
         description="the API's documents registry and outbox (SQLite); unset: <home>/api",

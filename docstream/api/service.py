@@ -142,7 +142,13 @@ class ApiService:
         )
         codec = make_codec(settings.schema_registry_url)
         tracker = Tracker(registry, connection=connection, codec=codec, prefix=settings.group_prefix)
-        replicas = Replicas(blobs, admitted=admission.admitted, on_charge=admission.charge)
+        replicas = Replicas(
+            blobs,
+            interval_s=api.heartbeat_s,
+            expire_s=5 * api.heartbeat_s,
+            admitted=admission.admitted,
+            on_charge=admission.charge,
+        )
         ingest = Ingest(
             blobs=blobs,
             codec=codec,
