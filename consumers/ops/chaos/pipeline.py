@@ -44,6 +44,10 @@ class Pipeline:
     env: dict[str, str]
     logs: Path
     names: tuple[str, ...] = tuple(COMMANDS)
+    # Per process: what it runs (a COMMANDS key; default its name: "ocr-2" runs "ocr") and what its
+    # environment adds (a home of its own: consumers.ops.spread).
+    kinds: dict[str, str] = field(default_factory=dict)
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     ended: dict[str, list[int]] = field(default_factory=dict)  # exit codes seen, per process
@@ -68,13 +72,14 @@ class Pipeline:
                 self._start(name, fault)
 
     def _start(self, name: str, fault: str | None) -> None:
-        env = dict(self.env)
+        env = {**self.env, **self.envs.get(name, {})}
         env.pop(faults.ENV, None)
         if fault is not None:
             env[faults.ENV] = fault
         self.logs.mkdir(parents=True, exist_ok=True)
-        command = COMMANDS[name]
-        if self.nice and name != "api":
+        kind = self.kinds.get(name, name)
+        command = COMMANDS[kind]
+        if self.nice and kind != "api":
             command = ["nice", "-n", str(self.nice), *command]
         with (self.logs / f"{name}.log").open("ab") as log:
             self.processes[name] = subprocess.Popen(
