@@ -274,7 +274,7 @@ class Outbox:
             if not taken.lane.in_flight and not taken.seqs:
                 taken.seqs = deque(self._records.seqs(owner))  # put late by an owner not quite gone
                 if not taken.seqs:
-                    self._records.release(owner)
+                    self._records.release(owner, self.replica_id)
                     del self._taken[owner]
                     log.info(
                         "%s: the outbox of gone replica %s is empty: %d records relayed",
@@ -322,7 +322,7 @@ class Outbox:
         with self._relay_lock:
             for owner in list(self._taken):
                 with contextlib.suppress(OutboxError):
-                    self._records.release(owner)
+                    self._records.release(owner, self.replica_id)
                 del self._taken[owner]
 
     def __enter__(self) -> Outbox:

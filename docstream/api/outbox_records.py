@@ -119,8 +119,10 @@ class OutboxRecords:
             )
         )
 
-    def release(self, replica: str) -> None:
-        self._call(f"release the lease on {replica}", self.blobs.delete_state, f"{LEASES}/{replica}")
+    def release(self, replica: str, holder: str | None = None) -> None:
+        """Delete the lease on `replica`'s folder (only when `holder` holds it, if given)."""
+        if holder is None or self.holder(replica) == holder:
+            self._call(f"release the lease on {replica}", self.blobs.delete_state, f"{LEASES}/{replica}")
 
     @staticmethod
     def _call(what: str, fn: Callable[..., _T], *args: object) -> _T:
