@@ -17,7 +17,7 @@ errors in `docstream.kafka.errors` (`translate`), for every module that calls co
     ├── SchemaError               an .avsc file is invalid or a schema is unknown
     │   └── DecodeError           an event's bytes cannot be decoded (carries coordinates)
     ├── BlobStoreError            the blob store could not read or write an object
-    ├── OutboxError               the local outbox could not store or read a record
+    ├── OutboxError               the outbox could not store or read a record
     │   └── OutboxFull            the outbox holds its most records: refuse (503, Retry-After)
     └── HandlerError              raised by a stage handler to classify a failure
         ├── TransientError        worth retrying (via the group's retry topic)
@@ -94,7 +94,7 @@ class BlobStoreError(DocstreamError):
 
 
 class OutboxError(DocstreamError):
-    """The local outbox (`docstream.api.outbox`) could not store or read a record."""
+    """The outbox (`docstream.api.outbox`, in the blob store) could not store or read a record."""
 
 
 class OutboxFull(OutboxError):

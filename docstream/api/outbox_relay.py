@@ -1,4 +1,5 @@
-"""The thread that relays the outbox's records to the broker while any wait (docstream.api.outbox).
+"""The thread that relays the outbox's records to the broker (docstream.api.outbox): this replica's
+own while any wait, and those of gone replicas it takes over.
 
 It logs one WARNING line when the broker stops acknowledging ("unreachable ...; N records wait")
 and one INFO line when relaying works again; never a line per attempt (as
@@ -25,7 +26,10 @@ log = logging.getLogger("docstream.api.outbox")  # the outbox's name, as before 
 class OutboxRelay:
     """A thread relaying the outbox's records while any wait (`start`, `stop`, or `with`).
 
-    Between attempts it waits for a `put` (or `idle_s`, for records put by another process).
+    Between attempts it waits for a `put`, or `idle_s`: each attempt also relays the folders of
+    gone replicas this replica took over (looked for every `scan_every_s` of the outbox's), so a
+    dead peer's records leave within about `takeover_after_s` + `scan_every_s` + `idle_s` after
+    its heartbeat expired, even while this replica's own outbox is empty.
     When deliveries fail, or no acknowledgement comes for `unreachable_after_s`, the broker is
     taken as unreachable: one WARNING line, then attempts every `backoff_s`, doubling up to
     `max_backoff_s`; the first acknowledgement after that logs one INFO line. `stop()` returns
@@ -96,14 +100,14 @@ class OutboxRelay:
                 self.relayed += relayed
                 stalled_since, backoff = None, self._backoff_s
                 self._reachable(now)
-            elif self.outbox.in_flight:
+            elif self.outbox.in_flight or self.outbox.taking_over:
                 stalled_since = stalled_since or now
                 if now - stalled_since >= self._unreachable_after_s:
                     self._unreachable(f"no acknowledgement for {now - stalled_since:.0f} s")
             else:
                 stalled_since = None
                 self.outbox.wake.clear()
-                if not self.outbox.depth:
+                if not self.outbox.depth:  # and every idle_s a look for gone replicas' folders
                     self.outbox.wake.wait(self._idle_s)
 
     def _unreachable(self, reason: str) -> None:

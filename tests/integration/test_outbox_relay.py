@@ -1,10 +1,14 @@
-"""The outbox (docstream.api.outbox) relaying to a real broker of this module's own.
+"""The outbox (docstream.api.outbox) relaying to a real broker of this module's own; its records in
+a blob store on a local folder (tmp_path).
 
 (a) Records put while the broker is stopped wait in the outbox and are relayed once it is back:
     every record on the topic exactly once (a clean restart), each key's records in the order
     they were put; the relay logs the outage once and its end once.
-(b) A relay process SIGKILLed while relaying ~300 records, then started again: every record on
-    the topic at least once, any duplicate byte-identical to its original, the outbox empty.
+(b) A gone replica's ~300 records, taken over by a relay process that is SIGKILLed while relaying
+    them, then by another (the killed one's lease is taken again): every record on the topic at
+    least once, any duplicate byte-identical to its original, the folder empty.
+(c) A replica whose heartbeat stops: a live peer's OutboxRelay thread relays its records, every
+    one exactly once and in order per key, while the peer's own outbox is empty.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,7 @@ from kafka_helpers import create_topics, own_broker, value_of
 
 from docstream.api.outbox import Outbox
 from docstream.api.outbox_relay import OutboxRelay
+from docstream.blobstore import BlobStore
 from docstream.kafka.connection import ConnectionWatch
 from infra.broker import LocalBroker
 from producers.publisher import Publisher
@@ -38,17 +44,24 @@ KEYS = 5
 
 RELAY_PROCESS = """
 import sys
-from pathlib import Path
 from docstream.api.outbox import Outbox
+from docstream.blobstore import BlobStore
 from producers.publisher import Publisher
 
-outbox = Outbox(Path(sys.argv[1]), max_records=100_000)
-with Publisher({"bootstrap.servers": sys.argv[2]}, linger_ms=0) as publisher:
+store, bootstrap, batch, me = sys.argv[1:]
+live = frozenset({me})  # the replica whose folder it relays is gone
+outbox = Outbox(BlobStore(store), me, max_records=1000, live=lambda: live, takeover_after_s=0, scan_every_s=0)
+with Publisher({"bootstrap.servers": bootstrap}, linger_ms=0) as publisher:
     print("relaying", flush=True)
-    while outbox.depth:
-        outbox.relay_once(publisher, batch=int(sys.argv[3]))
+    outbox.relay_once(publisher, batch=int(batch))
+    while outbox.taking_over or outbox.stranded():
+        outbox.relay_once(publisher, batch=int(batch))
 print("empty", flush=True)
 """
+
+
+def only(*replicas: str) -> Callable[[], AbstractSet[str]]:
+    return lambda: frozenset(replicas)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +116,7 @@ def test_records_put_while_the_broker_is_stopped_are_relayed_once_in_order_after
     broker: LocalBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     topic = new_topic(broker)
-    outbox = Outbox(tmp_path / "outbox" / "outbox.db", max_records=1000)
+    outbox = Outbox(BlobStore(str(tmp_path / "blobs")), "relay-a", max_records=1000, live=only("relay-a"))
     # librdkafka's own lines go to a ConnectionWatch's logger (DEBUG while the broker is away),
     # not line by line to stderr.
     quiet = {
@@ -133,7 +146,6 @@ def test_records_put_while_the_broker_is_stopped_are_relayed_once_in_order_after
         )
     finally:
         publisher.close(timeout=10)
-        outbox.close()
 
     messages = read_all(broker.bootstrap, topic)
     numbers = [number(m) for m in messages]
@@ -145,35 +157,42 @@ def test_records_put_while_the_broker_is_stopped_are_relayed_once_in_order_after
     assert all(m.headers() == [("n", str(number(m)).encode())] for m in messages)
 
 
-def test_a_relay_killed_while_relaying_loses_nothing_and_duplicates_only_identical_records(
+def test_a_relay_killed_while_taking_over_a_gone_replica_loses_nothing_and_duplicates_only_identical_records(
     broker: LocalBroker, tmp_path: Path
 ) -> None:
     topic = new_topic(broker)
-    path = tmp_path / "outbox" / "outbox.db"
+    store = str(tmp_path / "blobs")
+    blobs = BlobStore(store)
     records = 300
-    outbox = Outbox(path, max_records=1000)
-    put_numbered(outbox, topic, range(records))
-    originals = {r.value: r for r in outbox.waiting(records)}
+    gone = Outbox(blobs, "gone", max_records=1000, live=only("gone"))
+    put_numbered(gone, topic, range(records))
+    originals = {r.value: r for r in gone.waiting(records)}
+    del gone  # SIGKILLed with 300 records waiting for the broker
+
+    def waiting() -> int:
+        return len(blobs.state_names("api/outbox/gone"))
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
 
-    def relay_process() -> subprocess.Popen[str]:
-        args = [sys.executable, "-c", RELAY_PROCESS, str(path), broker.bootstrap, "5"]
+    def relay_process(me: str) -> subprocess.Popen[str]:
+        args = [sys.executable, "-c", RELAY_PROCESS, store, broker.bootstrap, "5", me]
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     kill_below = random.randint(30, records - 30)  # a random moment in the middle of relaying
-    first = relay_process()
+    first = relay_process("first")
     try:
-        wait_until(lambda: outbox.depth <= kill_below or first.poll() is not None, 30, "relaying")
+        wait_until(lambda: waiting() <= kill_below or first.poll() is not None, 30, "relaying")
         first.send_signal(signal.SIGKILL)
         assert first.wait(10) == -signal.SIGKILL, "the relay had finished before it was killed"
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
-    left = outbox.depth
+    left = waiting()
     assert 0 < left < records
+    assert blobs.read_state("api/outbox-takeover/gone") == b"first"  # held by a process now gone
 
-    second = relay_process()
+    second = relay_process("second")
     try:
         output, _ = second.communicate(timeout=40)
     finally:
@@ -181,8 +200,7 @@ def test_a_relay_killed_while_relaying_loses_nothing_and_duplicates_only_identic
             second.kill()
             second.wait()
     assert second.returncode == 0 and "empty" in output, output
-    assert outbox.depth == 0
-    outbox.close()
+    assert waiting() == 0 and blobs.state_names("api") == []  # no record, no lease left
 
     messages = read_all(broker.bootstrap, topic)
     seen: dict[bytes, int] = {}
@@ -195,9 +213,51 @@ def test_a_relay_killed_while_relaying_loses_nothing_and_duplicates_only_identic
     assert set(seen) == set(originals), "every record at least once"
     duplicates = sum(count - 1 for count in seen.values())
     print(
-        f"SIGKILL at depth {left} (aimed below {kill_below}): {len(messages)} on the topic for {records}"
+        f"SIGKILL at {left} waiting (aimed below {kill_below}): {len(messages)} on the topic for {records}"
         f" records, {duplicates} duplicates"
     )
     for key in range(KEYS):  # each key's first copies in the order they were put
         firsts = list(dict.fromkeys(number(m) for m in messages if m.key() == f"key-{key}".encode()))
         assert firsts == sorted(firsts), f"key-{key} out of order: {firsts}"
+
+
+def test_a_dead_replicas_records_reach_the_topic_through_a_peers_relay_thread(
+    broker: LocalBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(broker)
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    live = {"dead", "peer"}
+    dead = Outbox(blobs, "dead", max_records=1000, live=lambda: frozenset(live))
+    put_numbered(dead, topic, range(50))  # the broker was away for it, say
+    del dead
+    peer = Outbox(
+        blobs, "peer", max_records=1000, live=lambda: frozenset(live), takeover_after_s=1.0, scan_every_s=0.2
+    )
+    publisher = Publisher({"bootstrap.servers": broker.bootstrap}, linger_ms=0)
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="docstream.api.outbox"),
+            OutboxRelay(peer, publisher, idle_s=0.2),
+        ):
+            time.sleep(1.5)
+            assert len(blobs.state_names("api/outbox/dead")) == 50  # live: left alone
+            live.discard("dead")  # its heartbeat expires
+            started = time.monotonic()
+            wait_until(
+                lambda: not blobs.state_names("api"), 20, "the peer relaying the dead replica's outbox"
+            )
+            took = time.monotonic() - started
+    finally:
+        publisher.close(timeout=10)
+    print(f"a dead replica's 50 records relayed by a peer {took:.1f} s after its heartbeat expired")
+    assert peer.depth == 0
+    messages = read_all(broker.bootstrap, topic)
+    assert sorted(number(m) for m in messages) == list(range(50)), "every record exactly once"
+    for key in range(KEYS):
+        mine = [number(m) for m in messages if m.key() == f"key-{key}".encode()]
+        assert mine == sorted(mine), f"key-{key} out of order: {mine}"
+    lines = [r.getMessage() for r in caplog.records if r.name == "docstream.api.outbox"]
+    assert lines == [
+        "peer: replica dead is gone; relaying the 50 records its outbox left behind",
+        "peer: the outbox of gone replica dead is empty: 50 records relayed",
+    ]
