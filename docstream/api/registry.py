@@ -213,6 +213,13 @@ class Registry:
                 ),
             )
 
+    def forget_outbox(self) -> None:
+        """Drop the outbox numbers of a former process (its records are relayed by a peer now, and
+        this process numbers its own from 1): those documents stay "outbox" until the tracker reads
+        their events back."""
+        with self._transaction() as db:
+            db.execute("UPDATE documents SET outbox_seq = NULL WHERE outbox_seq IS NOT NULL")
+
     def relayed(self, outbox_seq: int, partition: int, offset: int) -> None:
         """The outbox record `outbox_seq` reached the broker at (partition, offset)."""
         with self._transaction() as db:

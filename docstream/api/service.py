@@ -30,7 +30,7 @@ from docstream.api.keys import KeyStore
 from docstream.api.outbox import Outbox
 from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import DocumentRow, Registry
-from docstream.api.replicas import Replicas
+from docstream.api.replicas import Replicas, new_replica_id
 from docstream.api.sampler import SamplerProcess, SamplerSpec, log_format_in_use
 from docstream.api.tracker import Tracker
 from docstream.api.watch import ClusterWatch
@@ -87,7 +87,17 @@ class ApiService:
         blobs = blob_store(settings)
         keys = KeyStore(blobs, refresh_s=api.key_refresh_s)
         registry = Registry(state / "documents.db")
-        outbox = Outbox(state / "outbox.db", max_records=api.outbox_max_records)
+        registry.forget_outbox()  # a former process's outbox numbers: its records are not ours now
+        replica_id = new_replica_id()
+        replicas: Replicas | None = None
+        outbox = Outbox(
+            blobs,
+            replica_id,
+            max_records=api.outbox_max_records,
+            live=lambda: replicas.live() if replicas is not None else frozenset({replica_id}),
+            # A peer whose heartbeat stopped is taken over once it stayed silent as long again.
+            takeover_after_s=5 * api.heartbeat_s,
+        )
         watch_log = ConnectionWatch("api producer")
         # An event the broker did not take within publish_timeout_s fails for good (message.timeout.ms)
         # rather than being retried by the producer in the background: it goes to the outbox, and a
@@ -144,6 +154,7 @@ class ApiService:
         tracker = Tracker(registry, connection=connection, codec=codec, prefix=settings.group_prefix)
         replicas = Replicas(
             blobs,
+            replica_id=replica_id,
             interval_s=api.heartbeat_s,
             expire_s=5 * api.heartbeat_s,
             admitted=admission.admitted,
@@ -272,6 +283,7 @@ class ApiService:
                 "depth": depth,
                 "max_records": self.outbox.max_records,
                 "full": depth >= self.outbox.max_records,
+                "stranded": self.outbox.stranded(),  # records of gone replicas, not relayed yet
             },
             "replicas": self.replicas.view(),
             "groups": groups,

@@ -5,7 +5,9 @@ broker stops; `DOCUMENTS` uploads are posted, every one 202 into the outbox. The
 again, and the API is SIGKILLed as soon as the relay has recorded its first acknowledgements in
 the documents registry (`on_relayed` runs before the acknowledged records are deleted from the
 outbox, so a kill there leaves acknowledged records behind: the duplicates at-least-once relaying
-allows). A new API process on the same state drains the outbox.
+allows). A new API process on the same home starts as a new replica: the killed one's outbox
+records (objects in the blob store's state area, which every replica shares) are taken over and
+relayed once its heartbeat has stopped for long enough, and its registry is rebuilt from the topic.
 
 Then: every accepted document id is on doc.uploaded at least once; every further copy is byte for
 byte its first (key, value, headers); and the copies have no second effect: the real warehouse
@@ -72,6 +74,8 @@ def start_api(home: Path, broker: LocalBroker, port: int, log: Path) -> subproce
         "DOCSTREAM_TOPIC_PARTITIONS": str(PARTITIONS),
         "DOCSTREAM_API__PUBLISH_TIMEOUT_S": "1.0",
         "DOCSTREAM_API__REFRESH_S": "0.5",
+        # the killed replica's heartbeat stops: its outbox is taken over after 5 + 5 heartbeats
+        "DOCSTREAM_API__HEARTBEAT_S": "0.5",
         # 300 uploads in a few seconds: over the default burst of 200, which is not under test here
         "DOCSTREAM_API__QUOTA_BURST": "1000",
     }
@@ -95,6 +99,12 @@ def start_api(home: Path, broker: LocalBroker, port: int, log: Path) -> subproce
         time.sleep(0.2)
 
 
+def outbox_depth(home: Path) -> int:
+    """The records waiting in every replica's outbox: objects under the state area's api/outbox/."""
+    folder = home / "blobs" / "state" / "api" / "outbox"
+    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+
+
 def scalar(db: Path, sql: str) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
         return int(conn.execute(sql).fetchone()[0])
@@ -110,7 +120,7 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
         topic_partitions=PARTITIONS,
     )  # the warehouse: chDB under <home>/warehouse
     auth = {"Authorization": f"Bearer {KeyStore.from_settings(settings).create('acme').key}"}
-    registry, outbox = settings.api_state_dir / "documents.db", settings.api_state_dir / "outbox.db"
+    registry = settings.api_state_dir / "documents.db"
     log = tmp_path / "api.log"
     port = free_port()
     api = start_api(home, broker, port, log)
@@ -126,7 +136,7 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
             )
             assert answer.status_code == 202 and answer.json()["state"] == "outbox", answer.text
             accepted.append(answer.json()["document_id"])
-        assert scalar(outbox, "SELECT records FROM depth") == DOCUMENTS
+        assert outbox_depth(home) == DOCUMENTS
 
         starting = threading.Thread(target=broker.start, kwargs={"timeout": 90}, daemon=True)
         starting.start()
@@ -137,16 +147,14 @@ def test_a_sigkilled_relay_duplicates_byte_for_byte_and_the_warehouse_counts_eac
             time.sleep(0.005)
         api.send_signal(signal.SIGKILL)
         api.wait(10)
-        depth_at_kill = scalar(outbox, "SELECT records FROM depth")
+        depth_at_kill = outbox_depth(home)
         recorded_at_kill = scalar(registry, "SELECT count(*) FROM documents WHERE offset IS NOT NULL")
         starting.join(120)
         assert depth_at_kill > 0, "killed during the relay, not after it"
 
         api = start_api(home, broker, free_port(), log)
         deadline = time.monotonic() + 60
-        while scalar(outbox, "SELECT records FROM depth") or scalar(
-            registry, "SELECT count(*) FROM documents WHERE offset IS NULL"
-        ):
+        while outbox_depth(home) or scalar(registry, "SELECT count(*) FROM documents WHERE offset IS NULL"):
             assert time.monotonic() < deadline, "the restarted API did not drain the outbox"
             time.sleep(0.25)
         # A graceful stop as a supervisor asks for it: SIGTERM, a clean exit, its line in the log.
