@@ -1,4 +1,8 @@
-"""The blob store: document content and stage results, on any fsspec filesystem.
+"""The blob store: document content and stage results, in an S3 bucket or on any fsspec filesystem.
+
+`s3://bucket/prefix` goes through boto3 (docstream.blobstore_s3: write once by a conditional put,
+outages waited through, errors at start that name the setting to fix); any other URL through
+fsspec (a local folder, `memory://`). docs/blobs.md draws the layout.
 
 Content is stored under its sha256 (the same content is stored once); a stage result is
 stored under its idempotency key, written atomically (to a temporary name, then moved), and
@@ -18,26 +22,22 @@ On a local disk, the store is private to the service's user: folders are created
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import posixpath
 import re
-import stat
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import fsspec
 
-from docstream.errors import BlobStoreError, ContentMismatchError, UnsafeReferenceError
+from docstream.blobstore_s3 import S3Objects
+from docstream.errors import BlobStoreConfigError, BlobStoreError, ContentMismatchError, UnsafeReferenceError
+from docstream.private_files import PRIVATE_DIR, PRIVATE_FILE, fsync_dir, make_private, makedirs_private
+from docstream.private_files import private_file as private_file  # docstream.api's import
+from docstream.settings import Settings
 
-if TYPE_CHECKING:
-    from docstream.settings import Settings
-
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
 _UNSAFE_CHARS = frozenset("%?#\\\x00")
 _STATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}(/[A-Za-z0-9][A-Za-z0-9._=-]{0,199}){0,7}")
 STATE_AREA = "state"
@@ -52,10 +52,41 @@ class StoredContent:
     created: bool
 
 
-class BlobStore:
-    """Content-addressed document store and result store over one fsspec URL."""
+def blob_store(settings: Settings) -> BlobStore:
+    """The blob store a process's settings name (`DOCSTREAM_BLOB_URL`, the S3 endpoint and waits)."""
+    return BlobStore(
+        settings.blob_root,
+        endpoint_url=settings.s3_endpoint_url,
+        timeout_s=settings.s3_timeout_s,
+        outage_wait_s=settings.s3_outage_wait_s,
+    )
 
-    def __init__(self, url: str) -> None:
+
+class BlobStore:
+    """Content-addressed document store and result store over one URL: s3://bucket/prefix, or fsspec.
+
+    `endpoint_url`, `timeout_s` and `outage_wait_s` are for S3 (see docstream.blobstore_s3)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        timeout_s: float = 20.0,
+        outage_wait_s: float = 120.0,
+    ) -> None:
+        self._s3: S3Objects | None = None
+        if url.startswith("s3://"):
+            bucket, root = url.removeprefix("s3://").partition("/")[0], url.removeprefix("s3://").strip("/")
+            if not bucket or "//" in root or posixpath.normpath(root) != root:
+                raise BlobStoreConfigError(
+                    f"{url!r} names no bucket (or no canonical prefix): fix DOCSTREAM_BLOB_URL"
+                )
+            self._s3 = S3Objects.connect(
+                bucket, endpoint_url=endpoint_url, timeout_s=timeout_s, outage_wait_s=outage_wait_s
+            )
+            self._protocol, self._local, self._schemes, self._root = "s3", False, frozenset({"s3"}), root
+            return
         self._fs, root = fsspec.core.url_to_fs(url)
         protocols = (self._fs.protocol,) if isinstance(self._fs.protocol, str) else tuple(self._fs.protocol)
         self._protocol = protocols[0]
@@ -114,7 +145,7 @@ class BlobStore:
         return f"results/{stage}/{key[:2]}/{key}.{suffix}"
 
     def has_result(self, stage: str, key: str, suffix: str = "json") -> bool:
-        return bool(self._fs.exists(f"{self._root}/{self.result_path(stage, key, suffix)}"))
+        return self._exists(f"{self._root}/{self.result_path(stage, key, suffix)}")
 
     def put_result(self, stage: str, key: str, data: bytes, suffix: str = "json") -> bool:
         """Write a stage result under its idempotency key; False when it already existed."""
@@ -134,7 +165,10 @@ class BlobStore:
     def get_completion(self, stage: str, key: str) -> bytes | None:
         """The completion event recorded under `key`, or None."""
         rel = self._completion_path(stage, key)
-        return self.get(self.uri(rel)) if self._fs.exists(f"{self._root}/{rel}") else None
+        return self.get(self.uri(rel)) if self._exists(f"{self._root}/{rel}") else None
+
+    def _exists(self, path: str) -> bool:
+        return self._s3.exists(path) if self._s3 else bool(self._fs.exists(path))
 
     @staticmethod
     def _completion_path(stage: str, key: str) -> str:
@@ -149,6 +183,9 @@ class BlobStore:
         object store's put (or move) is the write. A redelivery that reuses the result keeps it.
         """
         path = f"{self._root}/{self.result_path(stage, key, suffix)}"
+        if self._s3:
+            modified = self._s3.modified(path)
+            return None if modified is None else _epoch_ms(modified)
         try:
             try:
                 return _epoch_ms(self._fs.modified(path))
@@ -166,6 +203,11 @@ class BlobStore:
     def get(self, uri: str, *, limit: int | None = None) -> bytes:
         """The bytes of the object `uri` names in this store (at most `limit` of them)."""
         path = self.resolve(uri)
+        if self._s3:
+            found = self._s3.read(path, limit)
+            if found is None:
+                raise BlobStoreError(f"cannot read {uri}: no such object")
+            return found
         try:
             with self._fs.open(path, "rb") as f:
                 data: bytes = f.read() if limit is None else f.read(limit)
@@ -213,11 +255,13 @@ class BlobStore:
     def put_state(self, name: str, data: bytes) -> None:
         """Write the state object `name`, replacing what was there (last writer wins)."""
         final = f"{self._root}/{self._state_rel(name)}"
+        if self._s3:
+            return self._s3.write(final, data)
         try:
             parent = final.rsplit("/", 1)[0]
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             if self._local:
-                _makedirs_private(self._root, parent)
+                makedirs_private(self._root, parent)
                 with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
                     f.write(data)
                 os.replace(tmp, final)
@@ -230,6 +274,8 @@ class BlobStore:
     def read_state(self, name: str) -> bytes | None:
         """The state object `name`, or None when there is none."""
         path = f"{self._root}/{self._state_rel(name)}"
+        if self._s3:
+            return self._s3.read(path)
         try:
             with self._fs.open(path, "rb") as f:
                 data: bytes = f.read()
@@ -242,6 +288,8 @@ class BlobStore:
     def delete_state(self, name: str) -> None:
         """Delete the state object `name` (nothing when it is not there)."""
         path = f"{self._root}/{self._state_rel(name)}"
+        if self._s3:
+            return self._s3.delete(path)
         try:
             self._fs.rm_file(path)
         except FileNotFoundError:
@@ -253,7 +301,7 @@ class BlobStore:
         """The names of the state objects under the folder `prefix` (at any depth), sorted."""
         base = f"{self._root}/{self._state_rel(prefix)}"
         try:
-            found = self._fs.find(base)
+            found = self._s3.find(base) if self._s3 else self._fs.find(base)
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -292,13 +340,15 @@ class BlobStore:
         an accepted upload's event names): on a local disk the file and its folder are fsync'd
         before this returns, so a crash right after cannot leave an event pointing at nothing."""
         final = f"{self._root}/{rel}"
+        if self._s3:
+            return self._s3.write_once(final, data)  # a conditional put: no exists-then-write
         try:
             if self._fs.exists(final):
                 return False
             parent = final.rsplit("/", 1)[0]
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             if self._local:
-                _makedirs_private(self._root, parent)
+                makedirs_private(self._root, parent)
                 with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
                     f.write(data)
                     if durable:
@@ -306,7 +356,7 @@ class BlobStore:
                         os.fsync(f.fileno())
                 created = self._link_once(tmp, final)
                 if durable:
-                    _fsync_dir(parent)
+                    fsync_dir(parent)
                 return created
             self._fs.makedirs(parent, exist_ok=True)
             with self._fs.open(tmp, "wb") as f:
@@ -316,47 +366,6 @@ class BlobStore:
             return True
         except OSError as exc:
             raise BlobStoreError(f"cannot write {final}: {exc}") from exc
-
-
-def blob_store(settings: Settings) -> BlobStore:
-    """The blob store the settings name (`DOCSTREAM_BLOB_URL`, else <home>/blobs)."""
-    return BlobStore(settings.blob_root)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _makedirs_private(root: str, path: str) -> None:
-    """Create the folders from `root` (which exists) down to `path`, each 0700 (os.makedirs applies
-    its mode to the last folder only)."""
-    current = root.rstrip("/")
-    for part in path[len(current) :].strip("/").split("/"):
-        current = f"{current}/{part}"
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(current, PRIVATE_DIR)
-
-
-def make_private(path: str | os.PathLike[str]) -> None:
-    """Close a local file or folder that others can read (only one of ours: someone else's is left
-    alone)."""
-    info = os.stat(path)
-    if info.st_mode & 0o077 and info.st_uid == os.getuid():
-        os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
-
-
-def private_file(path: str | os.PathLike[str]) -> None:
-    """Create `path`'s folder 0700 and the file 0600, as the blob store keeps its own (a local
-    SQLite store's: SQLite gives its -wal and -shm files the database file's permissions); close
-    existing ones of ours that others can read."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=PRIVATE_DIR, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
-    make_private(os.path.dirname(os.path.abspath(path)))
-    make_private(path)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -17,6 +17,10 @@ errors in `docstream.kafka.errors` (`translate`), for every module that calls co
     ├── SchemaError               an .avsc file is invalid or a schema is unknown
     │   └── DecodeError           an event's bytes cannot be decoded (carries coordinates)
     ├── BlobStoreError            the blob store could not read or write an object
+    │   ├── BlobStoreConfigError  refused at start for its settings (no such bucket, credentials
+    │   │                         missing or refused, endpoint unreachable); also a ConfigurationError
+    │   └── BlobStoreUnavailable  S3 did not answer, or answered 5xx / throttled, for longer than
+    │                             the store waits for it (`s3_outage_wait_s`): a transient outage
     ├── OutboxError               the outbox could not store or read a record
     │   └── OutboxFull            the outbox holds its most records: refuse (503, Retry-After)
     └── HandlerError              raised by a stage handler to classify a failure
@@ -91,6 +95,16 @@ class DecodeError(SchemaError):
 
 class BlobStoreError(DocstreamError):
     """The blob store could not read or write an object."""
+
+
+class BlobStoreConfigError(BlobStoreError, ConfigurationError):
+    """The blob store cannot work with its settings (the message names the one to fix): a missing
+    bucket, credentials missing or refused, an endpoint that does not answer at start."""
+
+
+class BlobStoreUnavailable(BlobStoreError):
+    """The object store did not answer (or answered 5xx / throttled) for as long as the store waits
+    through an outage. Transient: the consume loop retries the event, it is never the event's fault."""
 
 
 class OutboxError(DocstreamError):

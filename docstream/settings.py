@@ -277,7 +277,22 @@ class Settings(BaseSettings):
     local_broker_port: int = Field(default=9092, ge=1, le=65535)
     local_controller_port: int = Field(default=9093, ge=1, le=65535)
     schema_registry_url: str | None = None
-    blob_url: str | None = Field(default=None, description="fsspec URL; unset means <home>/blobs")
+    blob_url: str | None = Field(
+        default=None, description="s3://bucket/prefix, or an fsspec URL; unset means <home>/blobs"
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="an S3-compatible store's endpoint (MinIO ...); unset: AWS, or botocore's own"
+        " AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL. Credentials and region: the standard AWS chain",
+    )
+    s3_timeout_s: float = Field(
+        default=20.0, gt=0, description="connect and read timeout of one S3 request (docs/blobs.md)"
+    )
+    s3_outage_wait_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="how long a blob store call waits for S3 to come back before it fails (transient)",
+    )
     topic_partitions: int = Field(default=12, ge=1)
     replication_factor: int | None = Field(
         default=None,

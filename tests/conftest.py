@@ -27,6 +27,7 @@ from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec
 from infra.broker import LocalBroker, free_port
+from infra.s3 import CREDENTIALS, S3Server
 from infra.topics import delete_topics, ensure_topics
 
 CP_KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.0"  # Kafka 3.9, KRaft; testcontainers drives cp-kafka only
@@ -150,3 +151,25 @@ def new_topic(admin_conf: dict[str, Any], settings: Settings) -> Iterator[Callab
 
     yield create
     delete_topics(admin_conf, created)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (moto's, its own process, over HTTP) for the session, bucket "docstream"."""
+    with S3Server(log=tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The session's S3 server, with its credentials and region in this process's environment (the
+    AWS chain, which boto3 reads, as every docstream process would)."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_blob_url(s3_env: S3Server) -> str:
+    """A fresh `s3://docstream/<prefix>` store URL on the session's S3 server."""
+    return s3_env.blob_url(f"t-{uuid.uuid4().hex[:12]}")
