@@ -1,8 +1,8 @@
 """The API's documents registry: what the front door accepted, and where each group has got with it.
 
-One SQLite file (`<api state dir>/documents.db`, 0600 in a 0700 folder):
+Each replica's own cache of what the topics say (`<api state dir>/documents.db`, 0600 in 0700):
 
-- `documents`: one row per document the API accepted: its tenant, content (sha256, size, type,
+- `documents`: one row per document the API accepted (any replica): its tenant, content (sha256, size, type,
   blob URI), the upload time of its latest doc.uploaded, its trace context and request id, and
   where that event is: the partition (known before it is sent: the key's murmur2 partition) and
   the offset (once the broker acknowledged it; None while it waits in the outbox). A tenant's
@@ -19,12 +19,10 @@ One SQLite file (`<api state dir>/documents.db`, 0600 in a 0700 folder):
   same upload, after the redriven event failed again, is not, until it is redriven in turn).
 - `positions`: the tracker's next offset per topic partition, so a restart resumes where it stopped.
 
-The registry is an index, not the durable record of an upload (that is the Kafka event, or the
-outbox record until it is relayed): its commits use `synchronous=NORMAL` (WAL), which survives a
-crash of the process; a power cut may lose the last commits, never corrupt the file.
+Not the durable record of an upload (the Kafka event, or the outbox record until it is relayed):
+its commits use `synchronous=NORMAL` (WAL); lost, it is rebuilt from the topics.
 
-Thread-safe: one connection behind a lock; every method is one short transaction.
-"""
+Thread-safe: one connection behind a lock; every method is one short transaction."""
 
 from __future__ import annotations
 
@@ -214,9 +212,7 @@ class Registry:
             )
 
     def forget_outbox(self) -> None:
-        """Drop the outbox numbers of a former process (its records are relayed by a peer now, and
-        this process numbers its own from 1): those documents stay "outbox" until the tracker reads
-        their events back."""
+        """Drop a former process's outbox numbers (a peer relays its records; the tracker reads them back)."""
         with self._transaction() as db:
             db.execute("UPDATE documents SET outbox_seq = NULL WHERE outbox_seq IS NOT NULL")
 
@@ -331,10 +327,8 @@ class Registry:
 
 
 def _observed(db: sqlite3.Connection, row: DocumentRow) -> None:
-    """An upload read back from its topic (this replica's or another's): a document not recorded
-    yet is added; the event of the recorded upload gives its place (an outbox record relayed, by
-    this replica or a peer); a later upload is a reprocess (one more upload); an earlier one, or
-    an identical copy, changes nothing."""
+    """An upload read back from its topic (any replica's): a new document is added; the recorded
+    upload's event gives its place; a later upload is a reprocess; an earlier one or a copy, nothing."""
     current = db.execute(
         "SELECT uploaded_at_ms, offset FROM documents WHERE document_id = ?", (row.document_id,)
     ).fetchone()
