@@ -18,7 +18,7 @@ from consumers.handler import Outcomes, stage_decoder, stage_handler
 from consumers.runtime import Context, Worker
 from consumers.runtime.message import Decoder, Handler, Message
 from consumers.stage import Stage
-from docstream.blobstore import BlobStore
+from docstream.blobstore import BlobStore, blob_store
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import STAGE_NAMES, WAREHOUSE, StageSpec, group_id, stage
@@ -72,7 +72,7 @@ def build_worker(
     spec = spec or stage(name)
     options = options or WorkerOptions()
     _quiet_onnxruntime()
-    blobs = BlobStore(settings.blob_root)
+    blobs = blob_store(settings)
     codec = make_codec(settings.schema_registry_url, schema_catalog=options.schema_catalog)
     built: Stage = _module(spec).build_stage(settings, blobs)
     limits = Limits.from_settings(settings)
@@ -113,7 +113,7 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
     topics = SinkTopics.declared(settings.group_prefix)
     sink = WarehouseSink(
         warehouse_insert(warehouse),
-        BlobStore(settings.blob_root),
+        blob_store(settings),
         make_codec(settings.schema_registry_url),
         topics,
         batch_rows=settings.warehouse.batch_rows,

@@ -54,7 +54,7 @@ from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException, Message
 
 from docstream import validation
-from docstream.blobstore import BlobStore, StoredContent
+from docstream.blobstore import BlobStore, StoredContent, blob_store
 from docstream.errors import (
     ConfigurationError,
     DeliveryError,
@@ -188,7 +188,7 @@ class Publisher:
         return cls(
             connection_config(settings),
             codec=make_codec(settings.schema_registry_url),
-            blobs=BlobStore(settings.blob_root),
+            blobs=blob_store(settings),
             limits=Limits.from_settings(settings),
             **options,
         )

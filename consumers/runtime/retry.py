@@ -33,7 +33,9 @@ def route(error: BaseException, attempt: int, policy: RetryPolicy) -> Route:
 
     Permanent errors, undecodable events and the other failures that cannot heal (`DETERMINISTIC`)
     go straight to the dead-letter topic; anything else (TransientError, a docstream error such
-    as an unreachable blob store or broker, OSError ...) is retried until `max_attempts`.
+    as an unreachable blob store or broker, OSError ...) is retried until `max_attempts`. An S3
+    outage reaches here only after the blob store waited it out for `s3_outage_wait_s` in the
+    handler (docstream.blobstore_s3): `BlobStoreUnavailable`, retried like the rest.
     """
     if isinstance(error, DETERMINISTIC) and not isinstance(error, TransientError):
         return Route.DEAD_LETTER

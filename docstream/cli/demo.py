@@ -33,7 +33,7 @@ from consumers.warehouse.search import search
 from consumers.warehouse.sink import SinkTopics
 from consumers.warehouse.store import Warehouse
 from docstream.api.keys import KeyStore
-from docstream.blobstore import BlobStore
+from docstream.blobstore import BlobStore, blob_store
 from docstream.cli._common import console, reports_errors, settings
 from docstream.cli.run import prepare, serve_api
 from docstream.cli.warehouse import DDL_DIR
@@ -244,7 +244,7 @@ def _print_summary(
     s: Settings, published: list[tuple[str, PublishedDocument]], undecodable: str, elapsed: float
 ) -> None:
     ids = {doc.document_id for _, doc in published}
-    blobs = BlobStore(s.blob_root)
+    blobs = blob_store(s)
     results = {name: {e["document_id"]: e for e in events} for name, events in stage_results(s, ids).items()}
     dead = {name: dead_letter_reasons(s, group_id(name, s.group_prefix)) for name in WORKER_GROUPS}
     table = Table(title=f"sample documents through the {', '.join(WORKER_GROUPS)} groups")

@@ -7,7 +7,14 @@ import random
 import pytest
 
 from consumers.runtime.retry import Route, backoff_ms, route
-from docstream.errors import BlobStoreError, DecodeError, InvalidEventError, PermanentError, TransientError
+from docstream.errors import (
+    BlobStoreError,
+    BlobStoreUnavailable,
+    DecodeError,
+    InvalidEventError,
+    PermanentError,
+    TransientError,
+)
 from docstream.settings import RetryPolicy
 
 POLICY = RetryPolicy(max_attempts=4, initial_backoff_ms=100, max_backoff_ms=1000, multiplier=3.0, jitter=0.0)
@@ -40,6 +47,7 @@ def test_jitter_stays_within_its_share() -> None:
         (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), 1, Route.DEAD_LETTER),
         (InvalidEventError("size_bytes -5"), 1, Route.DEAD_LETTER),
         (BlobStoreError("cannot read: timed out"), 1, Route.RETRY),
+        (BlobStoreUnavailable("s3://docstream unavailable for 120 s"), 3, Route.RETRY),
         (OSError("connection reset"), 1, Route.RETRY),
     ],
 )

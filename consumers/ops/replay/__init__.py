@@ -120,12 +120,12 @@ def predict_ranges(
     settings: Settings, stage: str, ranges: dict[TP, tuple[int, int]], on_read: Callable[[int], None] | None
 ) -> tuple[str, dict[TP, Prediction]]:
     from consumers.groups import stage_version
-    from docstream.blobstore import BlobStore
+    from docstream.blobstore import blob_store
     from schemas.codec import make_codec
 
     version = stage_version(stage, settings)
     messages = read_ranges(connection_config(settings), ranges, on_read)
-    blobs, codec = BlobStore(settings.blob_root), make_codec(settings.schema_registry_url)
+    blobs, codec = blob_store(settings), make_codec(settings.schema_registry_url)
     return version, predict(stage, version, blobs, codec, messages)
 
 
