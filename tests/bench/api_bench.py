@@ -79,7 +79,7 @@ def run(bootstrap: str, n: int = MAX_REQUESTS) -> dict[str, Any]:
             _drain(bootstrap, list(service.groups.values()), settings.topic_partitions),
             serve_in_thread(service, bench_routes=True) as api,
         ):
-            latencies, statuses = _load(api.url, key, base, total)
+            latencies, statuses = _load([api.url], key, base, total)
     ours, plain = latencies["api"], latencies["plain"]
     ours_p99, plain_p99 = _percentile(ours, 0.99), _percentile(plain, 0.99)
     return {
@@ -131,8 +131,11 @@ def _drain(bootstrap: str, groups: list[str], partitions: int) -> Iterator[None]
             consumer.close()
 
 
-def _load(url: str, key: str, base: bytes, total: int) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Send `total` requests at RATE (even: the API, odd: plain); latencies (ms) after the warm-up."""
+def _load(
+    urls: list[str], key: str, base: bytes, total: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Send `total` requests at RATE (even: the API, odd: plain; each pair to the next of `urls`, a
+    replica each); latencies (ms) after the warm-up."""
     local = threading.local()
     latencies: dict[str, list[float]] = {"api": [], "plain": []}
     statuses: dict[str, int] = {}
@@ -151,7 +154,7 @@ def _load(url: str, key: str, base: bytes, total: int) -> tuple[dict[str, list[f
             time.sleep(delay)
         path = "/v1/documents" if kind == "api" else "/bench/plain"
         answer = session.post(
-            url + path,
+            urls[(i // 2) % len(urls)] + path,
             headers={"Authorization": f"Bearer {key}"},
             files={"file": (f"doc-{i}.pdf", data, "application/pdf")},
             timeout=30,
