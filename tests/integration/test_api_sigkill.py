@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 import requests
+from api_process import REPO
+from api_process import start_api as start_process
 from confluent_kafka import Consumer, TopicPartition
 from kafka_helpers import private_broker, read_partitions
 
@@ -54,8 +56,6 @@ pytestmark = pytest.mark.kafka
 
 PARTITIONS = 3
 DOCUMENTS = 300
-REPO = Path(__file__).resolve().parents[2]
-LAUNCH = "from docstream.cli import main; main()"
 WINDOW_MS = 5_000
 
 
@@ -66,37 +66,7 @@ def broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def start_api(home: Path, broker: LocalBroker, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "DOCSTREAM_HOME": str(home),
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "DOCSTREAM_TOPIC_PARTITIONS": str(PARTITIONS),
-        "DOCSTREAM_API__PUBLISH_TIMEOUT_S": "1.0",
-        "DOCSTREAM_API__REFRESH_S": "0.5",
-        # the killed replica's heartbeat stops: its outbox is taken over after 5 + 5 heartbeats
-        "DOCSTREAM_API__HEARTBEAT_S": "0.5",
-        # 300 uploads in a few seconds: over the default burst of 200, which is not under test here
-        "DOCSTREAM_API__QUOTA_BURST": "1000",
-    }
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, "api", "serve", "--port", str(port)],
-            env=env,
-            cwd=home.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code in (200, 503):
-                return process
-        except requests.ConnectionError:
-            pass
-        assert process.poll() is None, f"the API exited: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"the API did not answer: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
+    return start_process(home, broker.bootstrap, port, log, PARTITIONS)
 
 
 def outbox_depth(home: Path) -> int:
