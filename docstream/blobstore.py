@@ -52,10 +52,11 @@ class StoredContent:
     created: bool
 
 
-def blob_store(settings: Settings) -> BlobStore:
-    """The blob store a process's settings name (`DOCSTREAM_BLOB_URL`, the S3 endpoint and waits)."""
+def blob_store(settings: Settings, url: str | None = None) -> BlobStore:
+    """The blob store a process's settings name (`DOCSTREAM_BLOB_URL`, the S3 endpoint and waits);
+    with `url`, the store at that URL with the same S3 settings (an import root of the API)."""
     return BlobStore(
-        settings.blob_root,
+        url or settings.blob_root,
         endpoint_url=settings.s3_endpoint_url,
         timeout_s=settings.s3_timeout_s,
         outage_wait_s=settings.s3_outage_wait_s,

@@ -131,6 +131,7 @@ class Ingest:
         import_roots: tuple[str, ...],
         publish_timeout_s: float,
         claim_wait_s: float | None = None,
+        open_root: Callable[[str], BlobStore] = BlobStore,
         topic: str = DOC_UPLOADED,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         random_bytes: Callable[[int], bytes] = os.urandom,
@@ -142,7 +143,7 @@ class Ingest:
         self.claim_wait_s = publish_timeout_s + 2.0 if claim_wait_s is None else claim_wait_s
         self.admission, self.partitions, self.limits = admission, partitions, limits
         self.topic, self.publish_timeout_s = topic, publish_timeout_s
-        self._roots = tuple(BlobStore(root) for root in import_roots)
+        self._roots = tuple(open_root(root) for root in import_roots)
         self._clock, self._random_bytes = clock, random_bytes
 
     # -- reading a URI --------------------------------------------------------------------

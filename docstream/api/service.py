@@ -173,6 +173,7 @@ class ApiService:
             limits=Limits.from_settings(settings),
             import_roots=settings.api_import_roots,
             publish_timeout_s=api.publish_timeout_s,
+            open_root=lambda url: blob_store(settings, url),  # s3:// roots with the store's S3 settings
         )
         return cls(
             settings,

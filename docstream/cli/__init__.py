@@ -18,6 +18,7 @@ from docstream.cli import (
     run,
     schemas,
     simulate,
+    spread,
     topics,
     warehouse,
 )
@@ -42,6 +43,7 @@ replay.register(app)
 capacity.register(app)
 simulate.register(app)
 chaos.register(app)
+spread.register(app)
 
 
 def main() -> None:
