@@ -137,10 +137,14 @@ class BlobStore:
 
     def put_content(self, data: bytes) -> StoredContent:
         """Store document bytes under content/<aa>/<sha256>, once per distinct content."""
+        ref = self.content_ref(data)
+        created = self._write_once(f"content/{ref.sha256[:2]}/{ref.sha256}", data, durable=True)
+        return StoredContent(ref.sha256, ref.uri, ref.size, created)
+
+    def content_ref(self, data: bytes) -> StoredContent:
+        """Where `put_content` stores `data` (nothing is written; `created` is False)."""
         digest = hashlib.sha256(data).hexdigest()
-        rel = f"content/{digest[:2]}/{digest}"
-        created = self._write_once(rel, data, durable=True)
-        return StoredContent(digest, self.uri(rel), len(data), created)
+        return StoredContent(digest, self.uri(f"content/{digest[:2]}/{digest}"), len(data), False)
 
     def result_path(self, stage: str, key: str, suffix: str = "json") -> str:
         return f"results/{stage}/{key[:2]}/{key}.{suffix}"

@@ -40,6 +40,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -145,6 +146,7 @@ class Ingest:
         self.topic, self.publish_timeout_s = topic, publish_timeout_s
         self._roots = tuple(open_root(root) for root in import_roots)
         self._clock, self._random_bytes = clock, random_bytes
+        self._storing = ThreadPoolExecutor(max_workers=16, thread_name_prefix="api content put")
 
     # -- reading a URI --------------------------------------------------------------------
 
@@ -201,26 +203,34 @@ class Ingest:
                 **{k: v for k, v in admission.body().items() if k != "error"},
                 reason=admission.reason,
             )
-        stored = self.blobs.put_content(content)
+        stored = self.blobs.content_ref(content)
         uploaded_at = self._clock()
         try:
             _, value = self._record(document_id, upload, stored, content_type, uploaded_at)
         except (InvalidEventError, SchemaError, ValueError) as exc:
             raise Refused(400, f"the upload is not valid: {_first_line(exc)}") from None
         headers = upload.trace.kafka_headers()
+        # The content is stored while the claim is written (two round trips to S3 at once); the
+        # event is delivered only once both are done. A claim whose content failed to be stored
+        # is delivered by the next post of that content, which stores it first (docstream.api.claims).
+        storing = self._storing.submit(self.blobs.put_content, content)
         if known is None and claimed is None:
-            first = self.claims.claim(
-                upload.tenant,
-                digest,
-                document_id=document_id,
-                topic=self.topic,
-                key=document_id.encode(),
-                value=value,
-                headers=headers,
-            )
+            try:
+                first = self.claims.claim(
+                    upload.tenant,
+                    digest,
+                    document_id=document_id,
+                    topic=self.topic,
+                    key=document_id.encode(),
+                    value=value,
+                    headers=headers,
+                )
+            finally:
+                stored = storing.result()
             if first is not None:  # another request (this replica's or another's) was first
                 self.admission.refund(upload.tenant)
                 return Accepted(self._claimed_row(first), deduplicated=True, admission=None)
+        stored = storing.result()
         delivered, seq = self._deliver(document_id.encode(), value, headers)
         row = DocumentRow(
             document_id=document_id,

@@ -17,9 +17,11 @@ a busy key costs a read per request, not a write.
 The keys live in the blob store's state area (`AREA`), which every API replica shares (a local
 folder on one machine, an S3 bucket beyond it): a key's record (tenant, label, the hash, when it
 was made) is written once, and so is its revocation, as an object of its own; nothing is ever
-rewritten but the time of the last use. A replica keeps what it read of a key for `REFRESH_S`
-seconds, then reads whether it was revoked again: a revocation is in force on every replica
-within `REFRESH_S` (and one read of the store). A key id nobody created is remembered as missing
+rewritten but the time of the last use. A replica keeps what it read of a key; a server (`watch`)
+lists the key area every `REFRESH_S` seconds in a thread and marks the keys revoked since, so a
+request never waits for the store for a key seen before, and a revocation is in force on every
+replica within `REFRESH_S` (and one listing). Without the watch (the CLI, tests), a key read more
+than `REFRESH_S` ago is read again on its next use. A key id nobody created is remembered as missing
 for as long, so made-up keys cost one read per id and interval, not one per request.
 """
 
@@ -29,6 +31,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import math
 import re
 import secrets
@@ -44,6 +47,8 @@ from docstream import validation
 from docstream.blobstore import BlobStore, blob_store
 from docstream.errors import BlobStoreError, ConfigurationError, InvalidEventError
 from docstream.settings import Settings
+
+log = logging.getLogger(__name__)
 
 PREFIX: Final = "dsk_"
 KEY_ID_HEX: Final = 16  # 64 bits: an id, not a secret (listed, shown in logs of a server)
@@ -137,6 +142,9 @@ class KeyStore:
         self._lock = threading.Lock()
         self._cache: dict[str, _Cached | float] = {}  # key id -> what was read, or when it was missing
         self._used: dict[str, float] = {}  # key id -> when this process last wrote its use (clock)
+        self._watching = threading.Event()  # set while `watch`'s thread keeps revocations fresh
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyStore:
@@ -203,8 +211,8 @@ class KeyStore:
         now = self._monotonic()
         with self._lock:
             known = self._cache.get(key_id)
-        if isinstance(known, _Cached) and now - known.read_at < self.refresh_s:
-            return known
+        if isinstance(known, _Cached) and (now - known.read_at < self.refresh_s or self._watching.is_set()):
+            return known  # fresh, or kept fresh by `watch`: no read on the request's path
         if isinstance(known, float) and now - known < self.refresh_s:
             return None
         try:
@@ -232,6 +240,57 @@ class KeyStore:
                 self._cache.clear()
             self._cache[key_id] = fresh if fresh is not None else now
         return fresh if isinstance(fresh, _Cached) else None
+
+    # -- a server's revocation watch ------------------------------------------------------------
+
+    def refresh_revocations(self) -> int:
+        """Mark revoked every cached key whose revocation object exists, from one listing of the
+        key area (one request however many keys); how many were newly marked."""
+        revoked = {
+            name.rsplit("/", 1)[-1].removesuffix(".revoked")
+            for name in self.blobs.state_names(AREA)
+            if name.endswith(".revoked")
+        }
+        marked = 0
+        now = self._monotonic()
+        with self._lock:
+            for key_id, known in list(self._cache.items()):
+                if isinstance(known, _Cached):
+                    if key_id in revoked and not known.revoked:
+                        marked += 1
+                    self._cache[key_id] = _Cached(known.tenant, known.key_hash, key_id in revoked, now)
+        return marked
+
+    def watch(self) -> KeyStore:
+        """Keep the revocations of the keys this process verified fresh from a thread (a listing
+        every `refresh_s`), so that `verify` reads the store only for a key it has not seen yet. A
+        revocation is then in force within `refresh_s` (and one listing). `close` stops it."""
+        self._watching.set()
+        self._watcher = threading.Thread(target=self._watch, name="api key revocations", daemon=True)
+        self._watcher.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watching.clear()
+        if self._watcher is not None:
+            self._watcher.join(5)
+
+    def _watch(self) -> None:
+        failing = False
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self.refresh_revocations()
+            except BlobStoreError as exc:
+                if not failing:
+                    log.warning(
+                        "api keys: cannot read the key store (%s): the revocations read last hold", exc
+                    )
+                failing = True
+                continue
+            if failing:
+                log.info("api keys: the key store answers again")
+            failing = False
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key: True when this call revoked it; False when unknown or revoked before."""

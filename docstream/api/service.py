@@ -85,7 +85,7 @@ class ApiService:
         groups = {name: group_id(name, settings.group_prefix) for name in GROUPS}
         lock = _hold_state(state)
         blobs = blob_store(settings)
-        keys = KeyStore(blobs, refresh_s=api.key_refresh_s)
+        keys = KeyStore(blobs, refresh_s=api.key_refresh_s)  # watched from start(): no read per request
         registry = Registry(state / "documents.db")
         registry.forget_outbox()  # a former process's outbox numbers: its records are not ours now
         replica_id = new_replica_id()
@@ -197,6 +197,7 @@ class ApiService:
         self._poller = threading.Thread(target=self._serve_reports, name="api delivery reports", daemon=True)
         self._poller.start()
         self.replicas.start()
+        self.keys.watch()
         self.watch.start()
         self.relay.start()
         self.tracker.start()
@@ -223,6 +224,7 @@ class ApiService:
         except Exception as exc:  # events not acknowledged are in the outbox or answered 503 already
             log.warning("api: closing the producer: %s", exc)
         self.replicas.stop()
+        self.keys.close()
         self.outbox.close()
         self.registry.close()
         os.close(self.lock)  # releases the state folder

@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -140,6 +141,7 @@ def _load(
     latencies: dict[str, list[float]] = {"api": [], "plain": []}
     statuses: dict[str, int] = {}
     lock = threading.Lock()
+    run = uuid.uuid4().hex  # another row on the same broker must not find these documents known
     start = time.perf_counter() + 0.5
 
     def send(i: int) -> None:
@@ -147,7 +149,7 @@ def _load(
         if session is None:
             session = local.session = requests.Session()
         kind = "api" if i % 2 == 0 else "plain"
-        data = base + f"\n%{i:07d}".encode()  # distinct content: never deduplicated
+        data = base + f"\n%{run}-{i:07d}".encode()  # distinct content, also across runs: never deduplicated
         due = start + i / RATE
         delay = due - time.perf_counter()
         if delay > 0:
@@ -161,7 +163,8 @@ def _load(
         )
         elapsed_ms = (time.perf_counter() - due) * 1000
         with lock:
-            label = f"{kind}:{answer.status_code}"
+            state = answer.json().get("state") if kind == "api" and answer.status_code == 202 else None
+            label = f"{kind}:{answer.status_code}" + (f":{state}" if state else "")
             statuses[label] = statuses.get(label, 0) + 1
             if due - start >= WARMUP_S and answer.status_code == 202:
                 latencies[kind].append(elapsed_ms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,34 @@ def test_cli_wrong_use_exits_2_with_a_reason(db: BlobStore, argv: list[str], say
 def test_cli_create_needs_a_tenant(db: BlobStore) -> None:
     done = runner.invoke(app, ["api", "keys", "create"])
     assert done.exit_code == 2 and "--tenant" in done.output
+
+
+def test_a_watching_replica_learns_revocations_from_one_listing(tmp_path: Path) -> None:
+    """A server's store reads nothing per request for a key it has seen: its watch lists the key
+    area every refresh and marks what was revoked since."""
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    now = [100.0]
+    replica = KeyStore(blobs, refresh_s=1.0, monotonic=lambda: now[0])
+    replica._watching.set()  # as `watch` does, without its thread: refresh_revocations is called here
+    kept, gone = KeyStore(blobs).create("acme"), KeyStore(blobs).create("acme")
+    assert replica.verify(kept.key) is not None and replica.verify(gone.key) is not None
+    assert KeyStore(blobs).revoke(gone.key_id)
+    now[0] += 60  # long past the refresh: still no read on the request's path
+    assert replica.verify(gone.key) is not None
+    assert replica.refresh_revocations() == 1
+    assert replica.verify(gone.key) is None and replica.verify(kept.key) is not None
+
+
+def test_the_watch_thread_marks_a_revocation_within_the_refresh(tmp_path: Path) -> None:
+    blobs = BlobStore(str(tmp_path / "blobs"))
+    replica = KeyStore(blobs, refresh_s=0.2).watch()
+    try:
+        created = KeyStore(blobs).create("acme")
+        assert replica.verify(created.key) is not None
+        KeyStore(blobs).revoke(created.key_id)
+        deadline = time.monotonic() + 2.0
+        while replica.verify(created.key) is not None:
+            assert time.monotonic() < deadline, "the watch never marked the revocation"
+            time.sleep(0.05)
+    finally:
+        replica.close()
