@@ -266,9 +266,7 @@ class BlobStore:
             parent = final.rsplit("/", 1)[0]
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             if self._local:
-                makedirs_private(self._root, parent)
-                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
-                    f.write(data)
+                self._write_private(tmp, data, durable=False)
                 os.replace(tmp, final)
                 return
             self._fs.makedirs(parent, exist_ok=True)
@@ -328,6 +326,16 @@ class BlobStore:
             raise UnsafeReferenceError(f"{name!r} is not a state object's name")
         return f"{STATE_AREA}/{name}"
 
+    def _write_private(self, tmp: str, data: bytes, *, durable: bool) -> None:
+        """A new local file `tmp` (0600, its folders 0700 from the root down) holding `data`;
+        fsync'd when `durable`."""
+        makedirs_private(self._root, tmp.rsplit("/", 1)[0])
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+
     @staticmethod
     def _link_once(tmp: str, final: str) -> bool:
         """Publish `tmp` as `final` unless it exists: a hard link fails atomically if it does,
@@ -353,12 +361,7 @@ class BlobStore:
             parent = final.rsplit("/", 1)[0]
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
             if self._local:
-                makedirs_private(self._root, parent)
-                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
-                    f.write(data)
-                    if durable:
-                        f.flush()
-                        os.fsync(f.fileno())
+                self._write_private(tmp, data, durable=durable)
                 created = self._link_once(tmp, final)
                 if durable:
                     fsync_dir(parent)

@@ -200,17 +200,10 @@ class S3Objects:
     def head(self, path: str) -> dict[str, Any] | None:
         """The object's metadata, or None when there is none."""
         key = self._key(path)
-        try:
-            head: dict[str, Any] = self._call(
-                f"read s3://{path}", lambda: self._client.head_object(Bucket=self.bucket, Key=key)
-            )
-            return head
-        except botocore.exceptions.ClientError as exc:
-            if _code(exc)[0] in _MISSING:
-                return None
-            raise self._failed(f"read s3://{path}", exc) from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise self._failed(f"read s3://{path}", exc) from exc
+        head: dict[str, Any] | None = self._read_or_none(
+            path, lambda: self._client.head_object(Bucket=self.bucket, Key=key)
+        )
+        return head
 
     def exists(self, path: str) -> bool:
         return self.head(path) is not None
@@ -237,8 +230,12 @@ class S3Objects:
                 data: bytes = body.read()
             return data
 
+        return self._read_or_none(path, get)
+
+    def _read_or_none(self, path: str, call: Callable[[], T]) -> T | None:
+        """`call`'s answer (through `_call`'s outage handling), None when the object is missing."""
         try:
-            return self._call(f"read s3://{path}", get)
+            return self._call(f"read s3://{path}", call)
         except botocore.exceptions.ClientError as exc:
             if _code(exc)[0] in _MISSING:
                 return None

@@ -19,7 +19,6 @@ The row's ratio is plain p99 / ours p99; the issue's target is ours p99 <= 1.5x 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,7 +31,7 @@ from docstream.settings import Settings
 from docstream.topology import declared_topics
 from infra.s3 import CREDENTIALS, S3Server
 from infra.topics import ensure_topics
-from tests.bench.api_bench import MAX_REQUESTS, RATE, TARGET, WARMUP_S, _document, _drain, _load, _percentile
+from tests.bench.api_bench import MAX_REQUESTS, _document, _drain, _load, latency_row
 
 
 def run(bootstrap: str, n: int = MAX_REQUESTS) -> dict[str, Any]:
@@ -66,23 +65,11 @@ def run(bootstrap: str, n: int = MAX_REQUESTS) -> dict[str, Any]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-    ours, plain = latencies["api"], latencies["plain"]
-    ours_p99, plain_p99 = _percentile(ours, 0.99), _percentile(plain, 0.99)
-    return {
-        "name": "api: 2 replicas on S3, POST /v1/documents p99 latency",
-        "baseline": "plain S3 store endpoint, same servers",
-        "unit": "ms p99",
-        "raw_eps": round(plain_p99, 1),
-        "ours_eps": round(ours_p99, 1),
-        "ratio": round(plain_p99 / ours_p99, 3),
-        "target": TARGET,
-        "api_p50_ms": round(statistics.median(ours), 1),
-        "plain_p50_ms": round(statistics.median(plain), 1),
-        "api_p99_ms": round(ours_p99, 1),
-        "plain_p99_ms": round(plain_p99, 1),
-        "p99_vs_plain": f"{ours_p99 / plain_p99:.2f}x (target <= 1.5x)",
-        "rate": f"{RATE:g} req/s open loop, alternating endpoints and replicas",
-        "measured": f"{len(ours)} + {len(plain)} requests after {WARMUP_S:g} s warm-up",
-        "statuses": statuses,
-        "settings": "defaults (linger 1 ms, quota 50/s), blob store s3:// on moto's server",
-    }
+    return latency_row(
+        "api: 2 replicas on S3, POST /v1/documents p99 latency",
+        "plain S3 store endpoint, same servers",
+        latencies,
+        statuses,
+        rate="alternating endpoints and replicas",
+        settings="defaults (linger 1 ms, quota 50/s), blob store s3:// on moto's server",
+    )

@@ -7,9 +7,7 @@ the rollups verify, and no process keeps a blob of its own."""
 from __future__ import annotations
 
 import io
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 import requests
 from kafka_helpers import private_broker
 
-from consumers.ops.chaos.pipeline import DOCSTREAM, api_keys, environment
+from consumers.ops.chaos.pipeline import api_keys, environment, verify_rollups
 from consumers.ops.spread import Spread
 from docstream.topology import ANALYTICS, STAGE_NAMES
 from infra.s3 import S3Server
@@ -98,21 +96,13 @@ def test_every_process_on_its_own_machine(tmp_path: Path) -> None:
                     raise AssertionError(f"{len(pending)} documents not done in every group\n{tails}")
                 time.sleep(2)
 
-            verify: dict[str, Any] = {}
             verify_env = {**operator, "DOCSTREAM_WAREHOUSE__URL": spread.warehouse_url or ""}
-            for _ in range(30):
-                done = subprocess.run(
-                    [*DOCSTREAM, "analytics", "--verify", "--json"],
-                    env=verify_env,
-                    capture_output=True,
-                    text=True,
-                    timeout=180,
-                )
-                verify = json.loads(done.stdout or "{}")
-                if done.returncode == 0 and verify.get("ok"):
+            for _ in range(30):  # until analytics has closed the run's windows
+                verified, report = verify_rollups(verify_env)
+                if verified:
                     break
                 time.sleep(2)
-            assert verify.get("ok"), verify
+            assert verified, report
             health = requests.get(f"{urls[0]}/health", timeout=30).json()
             assert health["replicas"]["live_peers"], health["replicas"]
 

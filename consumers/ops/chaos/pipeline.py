@@ -26,6 +26,19 @@ COMMANDS: dict[str, list[str]] = {
 }
 
 
+def verify_rollups(env: dict[str, str], timeout: float = 180) -> tuple[bool, dict[str, object]]:
+    """`docstream analytics --verify --json` in `env`, as an operator runs it: (ok, its report)."""
+    done = subprocess.run(
+        [*DOCSTREAM, "analytics", "--verify", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    report: dict[str, object] = json.loads(done.stdout or "{}")
+    return done.returncode == 0 and bool(report.get("ok")), report
+
+
 def api_keys(env: dict[str, str], tenants: Sequence[str]) -> dict[str, str]:
     """tenant -> a new API key for it, made as an operator makes one (`docstream api keys create`)
     in the run's environment, so that the API processes of the run accept it."""

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ import requests
 from consumers.ops.chaos.checker import Row, isolated, judge, observe, pace, query
 from consumers.ops.chaos.faults import FAULTS, Stage
 from consumers.ops.chaos.load import TENANTS, Load
-from consumers.ops.chaos.pipeline import DOCSTREAM, Pipeline, api_keys, environment
+from consumers.ops.chaos.pipeline import Pipeline, api_keys, environment, verify_rollups
 from docstream.errors import BrokerError
 from docstream.settings import Settings
 from docstream.topology import ANALYTICS, STAGE_NAMES, STAGES, declared_topics, group_id
@@ -120,14 +119,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         recovery = _recovery_s(settings, stage.struck)
         paces = pace(settings.warehouse_url, TENANTS)
         pipeline.stop()
-        verify = subprocess.run(
-            [*DOCSTREAM, "analytics", "--verify", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        report = json.loads(verify.stdout or "{}")
+        verified, _ = verify_rollups(env)
         observed = observe(
             settings, make_codec(None), tenants=TENANTS, window_s=WINDOW_S, poison=load.poison_id
         )
@@ -135,7 +127,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             name,
             acked,
             observed,
-            verified=verify.returncode == 0 and bool(report.get("ok")),
+            verified=verified,
             recovery_s=recovery,
             groups=groups,
         )
