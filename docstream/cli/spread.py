@@ -56,16 +56,25 @@ def spread(
     ensure_topics(local_connection(s), declared_topics(s.topic_partitions, s.group_prefix))
     with ExitStack() as stack:
         work = folder or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="docstream-spread-")))
+        work.mkdir(parents=True, exist_ok=True)
         shared = {k: v for k, v in os.environ.items() if k not in ("DOCSTREAM_HOME", "TMPDIR")}
         shared["KAFKA_BOOTSTRAP_SERVERS"] = s.bootstrap
         if local_s3:
             shared.update(stack.enter_context(S3Server(log=work / "s3.log")).env())
         running = stack.enter_context(Spread(shared, work))
+        # What `docstream api keys create` needs to reach the same store (no secret of the caller's:
+        # only moto's test credentials, with --local-s3).
+        store_env = {
+            k: v
+            for k, v in sorted(shared.items())
+            if k in ("DOCSTREAM_BLOB_URL", "DOCSTREAM_S3_ENDPOINT_URL") or (local_s3 and k.startswith("AWS_"))
+        }
         layout: dict[str, object] = {
             "processes": {name: str(home) for name, home in running.homes.items()},
             "api": running.api_urls,
             "logs": str(work / "logs"),
             "blob_url": shared.get("DOCSTREAM_BLOB_URL"),
+            "store_env": store_env,
         }
         if as_json:
             print_json(layout)
@@ -75,6 +84,8 @@ def spread(
             for name, url in running.api_urls.items():
                 console.print(f"{name:<11} {url}")
             console.print(f"logs {layout['logs']}; blob store {layout['blob_url']}; Ctrl-C stops")
+            assignments = " ".join(f"{k}={v}" for k, v in store_env.items())
+            console.print(f"API keys: {assignments} docstream api keys create --tenant T")
         stopping = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopping.set())
         try:
