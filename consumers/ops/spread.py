@@ -28,18 +28,23 @@ import requests
 
 from consumers.ops.chaos.pipeline import Pipeline
 from consumers.warehouse.query_server import Endpoint, endpoint_path
+from docstream.topology import ANALYTICS, STAGE_NAMES
 from infra.broker import free_port
 
-LAYOUT: tuple[tuple[str, str], ...] = (
-    ("sink", "sink"),
-    ("api-1", "api"),
-    ("api-2", "api"),
-    ("ocr-1", "ocr"),
-    ("ocr-2", "ocr"),
-    ("embeddings", "embeddings"),
-    ("thumbnails", "thumbnails"),
-    ("analytics", "analytics"),
-)
+REPLICAS = {"api": 2, STAGE_NAMES[0]: 2}
+"""Processes of one kind beyond the first: two API replicas and two of the first stage (OCR)."""
+
+
+def _layout() -> tuple[tuple[str, str], ...]:
+    kinds = ("sink", "api", *STAGE_NAMES, ANALYTICS)  # the stages as docstream.topology declares them
+    return tuple(
+        (kind if REPLICAS.get(kind, 1) == 1 else f"{kind}-{i}", kind)
+        for kind in kinds
+        for i in range(1, REPLICAS.get(kind, 1) + 1)
+    )
+
+
+LAYOUT: tuple[tuple[str, str], ...] = _layout()
 """(process name, what it runs: a consumers.ops.chaos.pipeline COMMANDS key)."""
 
 
