@@ -3,7 +3,8 @@
 Settings come from the environment (DOCSTREAM_* / KAFKA_BOOTSTRAP_SERVERS, docstream.settings);
 the faust app id is the analytics group id (`docstream.analytics` by default). The topics it reads
 and analytics.rollups must exist (`docstream topics`); faust creates only its internal topics.
-Plaintext connections only: faust's SASL/SSL settings are not wired up yet.
+It connects as every docstream client does: DOCSTREAM_SECURITY_PROTOCOL, DOCSTREAM_SASL_* and
+DOCSTREAM_SSL_* reach faust as its broker credentials (consumers.analytics.credentials).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from schemas.codec import make_codec
 
 def main() -> None:
     settings = load_settings()
+    connection = connection_config(settings)
     app = make_app(
         group_id(ANALYTICS, settings.group_prefix),
-        settings.bootstrap,
+        connection,
         partitions=settings.topic_partitions,
         codec=make_codec(settings.schema_registry_url),
         grace_ms=settings.analytics.grace_ms,
@@ -33,9 +35,7 @@ def main() -> None:
         session_timeout_s=settings.runtime.session_timeout_ms / 1000,  # as every group's members
         datadir=str(settings.home / "analytics"),
         # its changelog topics replicated as docstream's own (one per broker up to 3, or the setting)
-        replication_factor=cluster_replication(
-            connection_config(settings), settings.replication_factor
-        ).factor,
+        replication_factor=cluster_replication(connection, settings.replication_factor).factor,
     )
     app.main()  # faust's command line: `worker`, `-l info`, ...
 

@@ -78,6 +78,7 @@ import mode
 from faust.types import TP
 
 from consumers.analytics.clock import IdleClock, tick_due, tick_time
+from consumers.analytics.credentials import faust_credentials
 from consumers.analytics.dead_letters import DeadLetterSender
 from consumers.analytics.events import Completion, Event, Upload, completion_from_record, upload_from_record
 from consumers.analytics.faust_flush import drain_table_writes_on_flush
@@ -149,7 +150,7 @@ class Counters:
 
 def make_app(
     app_id: str,
-    bootstrap: str,
+    connection: Mapping[str, Any],
     *,
     partitions: int,
     topics: Mapping[str, str] = DECLARED_TOPICS,
@@ -174,8 +175,12 @@ def make_app(
     `dead_letters`: where undecodable or invalid events go (default `<app id>.dlq`).
     `datadir`: faust's working directory (default: `<tmp>/<app id>-data`, not the current one).
     `replication_factor`: of the topics faust creates (its tables' changelogs).
-    `bootstrap`: one host:port, or a comma-separated list (a cluster's brokers).
+    `connection`: the librdkafka settings every docstream client uses (docstream.kafka.config's
+    `connection_config`: `bootstrap.servers`, one host:port or a comma-separated list, and the
+    security settings); faust gets them as its broker URL and `broker_credentials`
+    (consumers.analytics.credentials), the app's own confluent-kafka clients as they are.
     """
+    bootstrap = str(connection["bootstrap.servers"])
     codec = codec or make_codec(None)
     datadir = datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data")
     os.makedirs(os.path.dirname(os.path.abspath(datadir)), exist_ok=True)  # faust makes the last level only
@@ -183,6 +188,7 @@ def make_app(
     app = faust.App(
         app_id,
         broker=";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()),
+        broker_credentials=faust_credentials(connection),
         store="memory://",  # tables are recovered from their changelog topics
         datadir=datadir,
         web_enabled=False,
@@ -215,7 +221,7 @@ def make_app(
     counters = Counters()
     folds: dict[int, WindowFold] = {}  # partition -> its fold; rebuilt from the table when absent
     clock = IdleClock()
-    dlq = DeadLetterSender(bootstrap, dead_letters or dead_letter_topic(app_id), app_id)
+    dlq = DeadLetterSender(connection, dead_letters or dead_letter_topic(app_id), app_id)
 
     def fold_of(partition: int) -> WindowFold:
         fold = folds.get(partition)
@@ -247,7 +253,7 @@ def make_app(
         offset: int | None = offsets.get(TP(topic, partition))
         return offset
 
-    positions = Positions(bootstrap, app_id, committed)
+    positions = Positions(connection, app_id, committed)
 
     @app.on_partitions_revoked.connect
     async def forget_folds(*_: Any, **__: Any) -> None:
@@ -339,7 +345,6 @@ def make_app(
 
     if idle_ms is not None:
         source_topics = list(by_topic)
-        connection = {"bootstrap.servers": bootstrap}
 
         @app.timer(interval=max(0.2, idle_ms / 4000))  # type: ignore[untyped-decorator]  # faust's
         async def idle_tick() -> None:
@@ -358,14 +363,14 @@ def make_app(
                 return
             try:
                 lag = await asyncio.get_running_loop().run_in_executor(
-                    None, offset_lag, connection, app_id, source_topics, 5.0
+                    None, offset_lag, dict(connection), app_id, source_topics, 5.0
                 )
             except DocstreamError as exc:
                 logger.warning("idle tick skipped: %s", exc)
                 return
             if lag or not clock.idle(idle_ms):
                 return
-            clock.send_ticks(bootstrap, clock_topic, sorted(due), now_ms)
+            clock.send_ticks(connection, clock_topic, sorted(due), now_ms)
             counters.ticks += len(due)
             logger.info(
                 "idle %d ms with the sources committed: tick at %d to partitions %s", idle_ms, now_ms, due

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from consumers.analytics.readback import Record
@@ -68,9 +69,11 @@ class IdleClock:
             self.tick_pending.clear()
         return (now - self.last_event) * 1000 >= idle_ms
 
-    def send_ticks(self, bootstrap: str, topic: str, partitions: list[int], at_ms: int) -> None:
+    def send_ticks(
+        self, connection: Mapping[str, Any], topic: str, partitions: list[int], at_ms: int
+    ) -> None:
         if self._producer is None:
-            self._producer = clients.producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+            self._producer = clients.producer({**connection, "linger.ms": 0})
         value = json.dumps({"kind": TICK, "at_ms": at_ms}).encode()
         for partition in partitions:
             self._producer.produce(topic, key=EVENTS_KEY, value=value, partition=partition)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from consumers.analytics.readback import Record
@@ -15,15 +16,13 @@ class DeadLetterSender:
     the headers the runtime's dead letters carry (consumers.runtime.routing), so that `docstream dlq`
     and the warehouse read them alike. Sent and acknowledged before the event counts as handled."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self._bootstrap, self.topic, self._group = bootstrap, topic, group
+    def __init__(self, connection: Mapping[str, Any], topic: str, group: str) -> None:
+        self._connection, self.topic, self._group = dict(connection), topic, group
         self._producer: Any = None
 
     def send(self, record: Record, error: BaseException) -> None:
         if self._producer is None:
-            self._producer = clients.producer(
-                {"bootstrap.servers": self._bootstrap, "linger.ms": 0, "acks": "all"}
-            )
+            self._producer = clients.producer({**self._connection, "linger.ms": 0, "acks": "all"})
         headers = hdr.encode(
             {
                 hdr.ORIGINAL_TOPIC: record.topic,

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from docstream.errors import DocstreamError
+from docstream.kafka.config import with_security
 from docstream.settings import Settings
 
 
@@ -47,7 +48,7 @@ class AnalyticsProcess:
 def child_environment(settings: Settings) -> dict[str, str]:
     """The parent's environment, with the settings the analytics worker needs written over it (the
     child reads its settings from the environment, and the parent's may have come from elsewhere)."""
-    env = dict(os.environ)
+    env = with_security(dict(os.environ), settings)
     env.update(
         {
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +96,10 @@ class Positions:
     when the group had one.
     """
 
-    def __init__(self, bootstrap: str, group: str, committed: Callable[[str, int], int | None]) -> None:
-        self._bootstrap, self._group, self._committed = bootstrap, group, committed
+    def __init__(
+        self, connection: Mapping[str, Any], group: str, committed: Callable[[str, int], int | None]
+    ) -> None:
+        self._connection, self._group, self._committed = dict(connection), group, committed
         self._next: dict[tuple[str, int], int] = {}
         self._reader: Any = None
         self._offsets: Any = None  # asks the broker for the group's committed offsets, never joins
@@ -197,7 +199,7 @@ class Positions:
         if self._offsets is None:
             self._offsets = clients.consumer(
                 {
-                    "bootstrap.servers": self._bootstrap,
+                    **self._connection,
                     "group.id": self._group,  # OffsetFetch only: never subscribes, assigns or commits
                     "enable.auto.commit": False,
                 }
@@ -218,7 +220,7 @@ class Positions:
         if self._reader is None:
             self._reader = clients.consumer(
                 {
-                    "bootstrap.servers": self._bootstrap,
+                    **self._connection,
                     "group.id": f"{self._group}.read-back",  # never joined nor committed: assign() only
                     "enable.auto.commit": False,
                     "enable.partition.eof": False,

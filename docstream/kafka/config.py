@@ -76,3 +76,32 @@ def watched(conf: dict[str, Any], watch: ConnectionWatch) -> dict[str, Any]:
     """`conf` with the client's logs and errors sent to `watch` (docstream.kafka.connection):
     an outage is logged once, not on every reconnect attempt."""
     return {**conf, **watch.client_config()}
+
+
+SECURITY_SETTINGS = (  # Settings field -> its environment variable, DOCSTREAM_<FIELD upper>
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "ssl_ca_location",
+    "ssl_certificate_location",
+    "ssl_key_location",
+)
+
+
+def with_security(env: dict[str, str], settings: Settings) -> dict[str, str]:
+    """`env` (a child process's environment) with the settings' Kafka security written over it:
+    every KAFKA_ / DOCSTREAM_ security variable it had is dropped (a KAFKA_ alias would win over
+    ours), and those `settings` has are set, so that the child connects as `settings` does."""
+    out = {
+        name: value
+        for name, value in env.items()
+        if not any(name in (f"KAFKA_{f.upper()}", f"DOCSTREAM_{f.upper()}") for f in SECURITY_SETTINGS)
+    }
+    for field in SECURITY_SETTINGS:
+        value = getattr(settings, field)
+        if value is not None:
+            out[f"DOCSTREAM_{field.upper()}"] = (
+                value.get_secret_value() if field == "sasl_password" else str(value)
+            )
+    return out

@@ -63,7 +63,7 @@ def _worker_main(bootstrap: str, app_id: str, topics_json: str, options_json: st
         options["window_sizes_ms"] = tuple(options["window_sizes_ms"])
     app = make_app(
         app_id,
-        bootstrap,
+        {"bootstrap.servers": bootstrap},
         topics=topics,
         partitions=PARTITIONS,
         session_timeout_s=6.0,
@@ -530,7 +530,7 @@ def test_records_faust_skipped_are_read_back_from_where_faust_sought(
         positions.seen(handed(offset))
         return found
 
-    positions = _Positions(kafka_bootstrap, group, lambda t, p: sought.get((t, p)))
+    positions = _Positions({"bootstrap.servers": kafka_bootstrap}, group, lambda t, p: sought.get((t, p)))
     asyncio.run(positions.assigned([(topic, 0)]))
     # faust keeps no offset and the group never committed: from the log start
     assert asyncio.run(skipped(positions, 2)) == [(0, b"v0"), (1, b"v1")]
