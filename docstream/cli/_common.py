@@ -46,7 +46,8 @@ def print_json(data: Any) -> None:
 
 def local_connection(s: Settings) -> dict[str, Any]:
     """The client config; first a clear word when the local cluster is meant but none of its
-    brokers accepts connections (a person at a terminal: fail fast, not after a client timeout)."""
+    brokers accepts connections (a person at a terminal: fail fast, not after a client timeout), or
+    when a secured cluster refuses the credentials or the TLS handshake (naming the setting)."""
     from infra.broker import port_answers  # the CLI's infra side, loaded when a command needs it
 
     ports = [int(address.rsplit(":", 1)[1]) for address in s.bootstrap.split(",")]
@@ -55,4 +56,9 @@ def local_connection(s: Settings) -> dict[str, Any]:
             f"the local Kafka broker is not running (nothing answers on {s.bootstrap}): "
             "run `docstream broker start`, or set KAFKA_BOOTSTRAP_SERVERS to use an existing cluster"
         )
-    return connection_config(s)
+    connection = connection_config(s)
+    if (s.security_protocol or "PLAINTEXT").upper() != "PLAINTEXT":  # a refused password: say so now
+        from docstream.kafka.clients import check_credentials
+
+        check_credentials(connection)
+    return connection

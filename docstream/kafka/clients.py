@@ -9,14 +9,17 @@ A client that cannot be created (an unknown property, a bad value) raises the tr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka.admin import AdminClient
 
+from docstream.errors import KafkaConfigError
 from docstream.kafka.config import connection_config
-from docstream.kafka.errors import translated
+from docstream.kafka.errors import fix_for, translate, translated
 from docstream.settings import Settings
 
 Source = Settings | Mapping[str, Any]
@@ -47,3 +50,35 @@ def admin_client(source: Source, **conf: Any) -> AdminClient:
     """An AdminClient at `log_level` ADMIN_LOG_LEVEL unless `conf` (or `source`) says otherwise."""
     with translated("cannot create an admin client"):
         return AdminClient({"log_level": ADMIN_LOG_LEVEL, **client_config(source, **conf)})
+
+
+def check_credentials(source: Source, timeout_s: float = 15.0) -> None:
+    """Connect once, and raise a KafkaConfigError naming the setting to fix when the cluster refuses
+    the credentials or the TLS handshake fails (`docstream.kafka.errors.fix_for`); a cluster that
+    does not answer within `timeout_s` is a retriable KafkaError. librdkafka reports a refused
+    password or certificate through its error callback and keeps retrying, so a metadata request
+    alone would only time out: the callback's errors are read between short requests, and the first
+    that says what to fix ends the wait."""
+    errors: list[ConfluentKafkaError] = []
+    config = client_config(source)
+    quiet: dict[str, Any] = {**config, "error_cb": errors.append, "log_level": 0}
+    with translated("cannot create an admin client"):
+        admin = AdminClient(quiet)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            for error in errors:
+                fix = fix_for(error.code(), error.str())
+                if fix is not None:
+                    raise KafkaConfigError(
+                        f"cannot connect to Kafka at {config.get('bootstrap.servers')}: {error.str()}; {fix}"
+                    ) from exc
+            if time.monotonic() >= deadline:
+                raise translate(
+                    exc,
+                    f"no answer from Kafka at {config.get('bootstrap.servers')} in {timeout_s:.0f} s",
+                    retriable=True,
+                ) from exc

@@ -14,6 +14,11 @@ consume, flush and close) and says:
   line (numbers aside) was already shown in the last minute; at librdkafka's level otherwise;
 - its state (`state()`), for health checks.
 
+A refused password or a failed TLS handshake is an outage too (the clients cannot reach the
+cluster either), its line saying what to fix (`docstream.kafka.errors.fix_for`): "unreachable
+since ... (SASL authentication error ...; the broker refused the user name or password: check
+DOCSTREAM_SASL_USERNAME ...)" once, and "back" once the credentials work again.
+
 An error only makes the watch *suspect* an outage: librdkafka reports `_TRANSPORT` for one
 broker of several and for an idle connection the broker closed, and `_ALL_BROKERS_DOWN` for a
 moment around a restart. The clients' owner confirms it from its own thread with `check(probe)`,
@@ -39,6 +44,8 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from confluent_kafka import KafkaError
+
+from docstream.kafka.errors import fix_for
 
 log = logging.getLogger("docstream.kafka")
 client_log = logging.getLogger("docstream.kafka.librdkafka")
@@ -100,8 +107,9 @@ class ConnectionWatch:
         """librdkafka's `error_cb`. It must not raise: the client would hand the exception back
         from its next poll (on Python < 3.12 mangled into a SystemError)."""
         with contextlib.suppress(Exception):  # never into the client: see above
-            if error.code() in UNREACHABLE:
-                self._suspect_outage(error.str())
+            fix = fix_for(error.code(), error.str())
+            if error.code() in UNREACHABLE or fix is not None:  # credentials or TLS: no connection either
+                self._suspect_outage(error.str() if fix is None else f"{error.str()}; {fix}")
                 client_log.debug("%s: %s", self.name, error.str())
             elif error.fatal():
                 client_log.error("%s: fatal: %s", self.name, error.str())

@@ -34,6 +34,7 @@ __all__ = [
     "TRANSIENT_CODES",
     "KafkaException",
     "code",
+    "fix_for",
     "kafka_error",
     "translate",
     "translated",
@@ -76,6 +77,59 @@ CONFIG_CODES = frozenset(
 )
 
 
+AUTHENTICATION_CODES = frozenset(
+    {
+        ConfluentKafkaError._AUTHENTICATION,
+        ConfluentKafkaError.SASL_AUTHENTICATION_FAILED,
+        ConfluentKafkaError.UNSUPPORTED_SASL_MECHANISM,
+        ConfluentKafkaError.ILLEGAL_SASL_STATE,
+    }
+)
+AUTHORIZATION_CODES = frozenset(
+    {
+        ConfluentKafkaError.TOPIC_AUTHORIZATION_FAILED,
+        ConfluentKafkaError.GROUP_AUTHORIZATION_FAILED,
+        ConfluentKafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        ConfluentKafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def fix_for(error_code: int, text: str) -> str | None:
+    """What to fix, naming the setting, when librdkafka's error is about the client's credentials
+    or TLS (None otherwise). librdkafka reports a refused password as _AUTHENTICATION, a failed TLS
+    handshake as _SSL with OpenSSL's reason in the text ("certificate verify failed", "certificate
+    has expired", a host name mismatch), and a missing ACL as *_AUTHORIZATION_FAILED."""
+    lowered = text.lower()
+    if error_code == ConfluentKafkaError.UNSUPPORTED_SASL_MECHANISM:
+        return "the broker does not offer this SASL mechanism: fix DOCSTREAM_SASL_MECHANISM"
+    if error_code in AUTHENTICATION_CODES or "sasl authentication" in lowered:
+        return (
+            "the broker refused the user name or password:"
+            " check DOCSTREAM_SASL_USERNAME, DOCSTREAM_SASL_PASSWORD and DOCSTREAM_SASL_MECHANISM"
+        )
+    if error_code == ConfluentKafkaError._SSL or "ssl handshake" in lowered:
+        if "expired" in lowered:
+            return (
+                "a certificate has expired (the broker's, or the client's own in"
+                " DOCSTREAM_SSL_CERTIFICATE_LOCATION): renew it"
+            )
+        if "hostname" in lowered or "host name" in lowered or "ip address mismatch" in lowered:
+            return (
+                "the broker's certificate does not name the host this client connected to:"
+                " fix DOCSTREAM_BOOTSTRAP_SERVERS (or the certificate's subjectAltName)"
+            )
+        if "verify failed" in lowered or "issuer" in lowered or "self-signed" in lowered:
+            return "the broker's certificate is not signed by the CA in DOCSTREAM_SSL_CA_LOCATION"
+        return "TLS to the broker failed: check DOCSTREAM_SECURITY_PROTOCOL and DOCSTREAM_SSL_CA_LOCATION"
+    if error_code in AUTHORIZATION_CODES:
+        return (
+            "this principal (DOCSTREAM_SASL_USERNAME) has no ACL for it:"
+            " `docstream acls plan` lists what each principal is granted"
+        )
+    return None
+
+
 def kafka_error(exc: BaseException) -> ConfluentKafkaError | None:
     """The `confluent_kafka.KafkaError` an exception carries (None when it carries none)."""
     error = exc.args[0] if exc.args else None
@@ -95,7 +149,8 @@ def translate(exc: KafkaException, doing: str, *, retriable: bool | None = None)
         return KafkaError(f"{doing}: {exc}", retriable=bool(retriable))
     message = f"{doing}: {error.str()} ({error.name()})"
     if error.code() in CONFIG_CODES:
-        return KafkaConfigError(message)
+        fix = fix_for(error.code(), error.str())
+        return KafkaConfigError(f"{message}; {fix}" if fix else message)
     if retriable is None:
         retriable = not error.fatal() and (bool(error.retriable()) or error.code() in TRANSIENT_CODES)
     return KafkaError(message, retriable=retriable)

@@ -227,12 +227,52 @@ def test_every_client_line_is_quiet_while_an_outage_is_suspected_or_known(
 def test_other_errors_are_warnings_and_fatal_ones_errors(
     watch: ConnectionWatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    watch.on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication failed"))
+    watch.on_error(KafkaError(KafkaError._MSG_TIMED_OUT, "1 message timed out"))
     watch.on_error(KafkaError(KafkaError._FATAL, "producer fenced", fatal=True))
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.WARNING, "ERROR [docstream.thumbnails] _AUTHENTICATION: SASL authentication failed"),
+        (logging.WARNING, "ERROR [docstream.thumbnails] _MSG_TIMED_OUT: 1 message timed out"),
         (logging.ERROR, "docstream.thumbnails: fatal: producer fenced"),
     ]
+    assert watch.state().reachable
+
+
+REFUSED_PASSWORD = KafkaError(
+    KafkaError._AUTHENTICATION,
+    "sasl_ssl://127.0.0.1:9094/bootstrap: SASL authentication error: Authentication failed during"
+    " authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 12ms in state"
+    " AUTH_REQ)",
+)
+UNKNOWN_CA = KafkaError(
+    KafkaError._SSL,
+    "sasl_ssl://127.0.0.1:9094/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate"
+    " verify failed: broker certificate could not be verified, verify that ssl.ca.location is correctly"
+    " configured or root CA certificates are installed (after 4ms in state SSL_HANDSHAKE)",
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "setting"),
+    [(REFUSED_PASSWORD, "DOCSTREAM_SASL_PASSWORD"), (UNKNOWN_CA, "DOCSTREAM_SSL_CA_LOCATION")],
+)
+def test_refused_credentials_are_one_line_naming_the_setting_and_one_when_they_work(
+    watch: ConnectionWatch, clock: Clock, caplog: pytest.LogCaptureFixture, error: KafkaError, setting: str
+) -> None:
+    """A worker with a wrong password (or a CA that did not sign the broker's certificate) keeps
+    trying: one line when it starts, naming what to fix, one when the credentials work again."""
+    caplog.set_level(logging.DEBUG)
+    probe = Probe()
+    for _ in range(100):  # librdkafka retries the connection, and says so every time
+        clock.now += 0.5
+        watch.on_error(error)
+        watch.check(probe)
+    assert not watch.state().reachable
+    probe.answers = True  # the password fixed in the broker, or the right CA mounted
+    clock.now += 2
+    watch.check(probe)
+    lines = watch_lines(caplog)
+    assert len(lines) == 2, lines
+    assert "unreachable since" in lines[0] and setting in lines[0]
+    assert "back after" in lines[1]
     assert watch.state().reachable
 
 

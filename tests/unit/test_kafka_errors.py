@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError as CK
 from confluent_kafka import KafkaException
 
 from docstream.errors import ConfigurationError, KafkaConfigError, KafkaError
-from docstream.kafka.errors import CONFIG_CODES, TRANSIENT_CODES, code, translate, translated
+from docstream.kafka.errors import CONFIG_CODES, TRANSIENT_CODES, code, fix_for, translate, translated
 
 TRANSIENT = [
     CK.NOT_LEADER_FOR_PARTITION,
@@ -123,3 +123,44 @@ def test_translated_makes_a_future_timeout_retriable_and_lets_other_errors_throu
     assert caught.value.retriable
     with pytest.raises(ValueError, match="not kafka"), translated("describing t"):
         raise ValueError("not kafka")
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "setting"),
+    [
+        (
+            CK._AUTHENTICATION,
+            "SASL authentication error: Authentication failed during authentication due to invalid"
+            " credentials with SASL mechanism SCRAM-SHA-512",
+            "DOCSTREAM_SASL_PASSWORD",
+        ),
+        (CK.UNSUPPORTED_SASL_MECHANISM, "Unsupported SASL mechanism", "DOCSTREAM_SASL_MECHANISM"),
+        (
+            CK._SSL,
+            "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed",
+            "DOCSTREAM_SSL_CA_LOCATION",
+        ),
+        (
+            CK._SSL,
+            "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed:"
+            " certificate has expired",
+            "renew",
+        ),
+        (
+            CK._SSL,
+            "SSL handshake failed: certificate verify failed: Hostname mismatch",
+            "DOCSTREAM_BOOTSTRAP_SERVERS",
+        ),
+        (CK.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed", "docstream acls plan"),
+    ],
+)
+def test_a_credentials_error_says_which_setting_to_fix(code: int, text: str, setting: str) -> None:
+    error = translate(KafkaException(CK(code, text)), "listing topics")
+    assert isinstance(error, KafkaConfigError) and not error.retriable
+    assert setting in str(error) and str(error).startswith("listing topics: ")
+    assert fix_for(code, text) is not None
+
+
+def test_other_errors_name_no_setting() -> None:
+    assert fix_for(CK._TRANSPORT, "Connection refused") is None
+    assert fix_for(CK.UNKNOWN_TOPIC_OR_PART, "Unknown topic") is None
