@@ -61,9 +61,7 @@ def check_credentials(source: Source, timeout_s: float = 15.0) -> None:
     that says what to fix ends the wait."""
     errors: list[ConfluentKafkaError] = []
     config = client_config(source)
-    quiet: dict[str, Any] = {**config, "error_cb": errors.append, "log_level": 0}
-    with translated("cannot create an admin client"):
-        admin = AdminClient(quiet)
+    admin = admin_client(config, error_cb=errors.append, log_level=0)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
