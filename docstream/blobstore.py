@@ -15,9 +15,16 @@ percent-escapes, query or fragment) under the root, and, on a local disk, no sym
 of the root; anything else raises `UnsafeReferenceError` before a byte is read. Every read goes
 through it. `get_document` also hashes what it read and refuses bytes whose sha256 or size is
 not the event's (`ContentMismatchError`), reading at most the announced size plus one byte.
+`get_within` is the ingest API's read of a tenant's import URI: inside the tenant's own folder
+after symlinks, opened once beneath it (docstream.confined), with messages that show no root.
 
 On a local disk, the store is private to the service's user: folders are created 0700, objects
 0600, and a root that others can read is closed at start.
+
+Why one module: every read and write of a blob, on every backend, goes through one class whose
+confinement (`resolve`) and write-once rules each method applies; split by backend or by area
+(content, results, state), the rules would be written twice. What is backend-specific and long
+sits beside it: docstream.blobstore_s3 (boto3), docstream.confined (a local confined open).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 import fsspec
 
 from docstream.blobstore_s3 import S3Objects
+from docstream.confined import read_beneath
 from docstream.errors import BlobStoreConfigError, BlobStoreError, ContentMismatchError, UnsafeReferenceError
 from docstream.private_files import PRIVATE_DIR, PRIVATE_FILE, fsync_dir, make_private, makedirs_private
 from docstream.private_files import private_file as private_file  # docstream.api's import
@@ -219,6 +227,30 @@ class BlobStore:
                 return data
         except (OSError, ValueError) as exc:
             raise BlobStoreError(f"cannot read {uri}: {exc}") from exc
+
+    def get_within(self, uri: str, folder: str, *, limit: int) -> bytes:
+        """At most `limit` bytes of the object `uri` names, when it lies in `folder` (one name under
+        the root: a tenant's folder of an import root) after symlinks are followed; on a local disk
+        opened once beneath the folder, and only a regular file with one name (docstream.confined).
+        UnsafeReferenceError or BlobStoreError otherwise: their messages name only the part of
+        `uri` below the folder, never this store's root."""
+        try:
+            path = self.resolve(uri)
+        except UnsafeReferenceError:
+            raise UnsafeReferenceError(
+                "the uri is not a canonical one of an import root: no '..', '.', '//', percent-escapes"
+                " or control characters, no symlink leading out of the root"
+            ) from None
+        folder_path = f"{self._root.rstrip('/')}/{folder}/"
+        if not path.startswith(folder_path):
+            raise UnsafeReferenceError("the uri is not in this tenant's folder of the import root")
+        relative = path[len(folder_path) :]
+        if self._local:
+            return read_beneath(self._root, folder, relative, limit=limit)
+        try:
+            return self.get(uri, limit=limit)  # no links in S3 or memory://: the text is the object
+        except BlobStoreError:
+            raise BlobStoreError(f"{relative!r}: no such object, or it cannot be read") from None
 
     def get_content(self, uri: str, *, limit: int) -> bytes:
         """At most `limit` bytes of the object `uri` names, when it is in the store's content area

@@ -26,10 +26,10 @@
 6. **record** it in the registry (docstream.api.registry): id, partition, offset or outbox seq.
 
 Two racing posts of the same content, on one replica or two, get one id and one event (the
-claim). A JSON upload names a URI instead of sending bytes: it must lie under an import root,
-in the tenant's own folder (`<root>/<tenant>/...`), and passes the blob store's confinement
-rules (`BlobStore.resolve`: scheme, canonical path, no symlink out of the root) before a byte is
-read; it is then read, at most `max_bytes + 1` bytes, and checked like an upload.
+claim). A JSON upload names a URI instead of sending bytes (`read_import`): it must lie under an
+import root, in the tenant's own folder (`<root>/<tenant>/...`) after symlinks, and name a
+regular file with one name; it is opened once beneath that folder and read from that descriptor,
+at most `max_bytes + 1` bytes (docstream.confined), then checked like an upload.
 """
 
 from __future__ import annotations
@@ -151,29 +151,8 @@ class Ingest:
     # -- reading a URI --------------------------------------------------------------------
 
     def read_uri(self, tenant: str, uri: str) -> tuple[bytes, str]:
-        """The bytes a JSON upload's URI names, when it lies in the tenant's folder of an import
-        root; `Refused` 400 otherwise (413 when it is larger than the limit)."""
-        if not isinstance(uri, str) or len(uri) > 4096:
-            raise Refused(400, "uri must be a string of at most 4096 characters")
-        reasons = []
-        for root in self._roots:
-            try:
-                path = root.resolve(uri)
-            except UnsafeReferenceError as exc:
-                reasons.append(str(exc))
-                continue
-            own = root.resolve(root.uri(f"{tenant}/x")).rsplit("/", 1)[0] + "/"
-            if not path.startswith(own):
-                raise Refused(400, f"{uri!r} is not in this tenant's folder of the import root ({own})")
-            try:
-                data = root.get(uri, limit=self.limits.max_bytes + 1)
-            except BlobStoreError as exc:
-                raise Refused(400, f"cannot read {uri!r}: {_first_line(exc)}") from None
-            return data, path.rsplit("/", 1)[-1]
-        raise Refused(
-            400,
-            f"{uri!r} is not inside an import root: {'; '.join(reasons) or 'no import root is configured'}",
-        )
+        """The bytes a JSON upload's URI names and its file name (`read_import`)."""
+        return read_import(self._roots, tenant, uri, limit=self.limits.max_bytes + 1)
 
     # -- accepting ------------------------------------------------------------------------
 
@@ -368,6 +347,29 @@ class Ingest:
                 422, f"the document cannot be read: {_first_line(exc)}", content_type=content_type
             ) from None
         return content_type
+
+
+def read_import(roots: tuple[BlobStore, ...], tenant: str, uri: str, *, limit: int) -> tuple[bytes, str]:
+    """At most `limit` bytes of the file a JSON upload's `uri` names, and its name, when it lies in
+    the tenant's own folder of an import root (`<root>/<tenant>/...`) after symlinks, is a regular
+    file with one name, and is read from the one descriptor that was checked
+    (`BlobStore.get_within`, docstream.confined). `Refused` 400 otherwise, for every reason alike:
+    the URI is the caller's argument, and the answer never shows a server path, a symlink's target
+    or another tenant's name (the caller's own text below its folder at most)."""
+    if not isinstance(uri, str) or len(uri) > 4096:
+        raise Refused(400, "uri must be a string of at most 4096 characters")
+    root = next((root for root in roots if uri.startswith(root.uri(""))), None)
+    if root is None:
+        raise Refused(
+            400,
+            "the uri is not in an import root: name file:///<import root>/<tenant>/<path>, an import"
+            " root being one of DOCSTREAM_API__IMPORT_ROOTS",
+        )
+    try:
+        data = root.get_within(uri, tenant, limit=limit)
+    except (UnsafeReferenceError, BlobStoreError) as exc:
+        raise Refused(400, f"the uri cannot be imported: {_first_line(exc)}") from None
+    return data, uri.rsplit("/", 1)[-1]
 
 
 def _first_line(exc: BaseException) -> str:
