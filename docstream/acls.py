@@ -183,6 +183,20 @@ def declared_topic_names(prefix: str = "docstream.") -> set[str]:
     return {spec.name for spec in declared_topics(prefix=prefix)}
 
 
+def markdown(grants: Plan) -> str:
+    """The plan as Markdown tables, one per principal (docs/security.md carries this text)."""
+    out: list[str] = []
+    for principal, acls in grants.items():
+        if not acls:
+            out += [f"**{principal}**: the brokers' super user (`super.users`), no binding.", ""]
+            continue
+        out += [f"**{principal}** (`User:{principal}`, {len(acls)} bindings)", ""]
+        out += ["| resource | pattern | name | operation | why |", "|---|---|---|---|---|"]
+        out += [f"| {a.resource} | {a.pattern} | `{a.name}` | {a.operation} | {a.why} |" for a in acls]
+        out.append("")
+    return "\n".join(out)
+
+
 # -- the principals ------------------------------------------------------------------------------
 
 

@@ -35,12 +35,18 @@ def plan(
         str | None, typer.Option("--principal", "-p", help="only this principal (ocr, api, ops ...)")
     ] = None,
     as_json: JsonOption = False,
+    as_markdown: Annotated[
+        bool, typer.Option("--markdown", help="Markdown tables on stdout (docs/security.md has them)")
+    ] = False,
 ) -> None:
     """Every principal's ACLs as derived from the topology (nothing is asked of the cluster)."""
     prefix = settings().group_prefix
     grants = acls.plan(prefix)
     if principal is not None:
         grants = acls.for_principal(grants, principal)
+    if as_markdown:
+        typer.echo(acls.markdown(grants), nl=False)
+        return
     if as_json:
         print_json(
             {"group_prefix": prefix, "principals": {p: [a.as_dict() for a in g] for p, g in grants.items()}}

@@ -543,3 +543,10 @@ def test_the_plan_loads_no_kafka_client() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+def test_the_security_page_carries_the_plan_as_generated() -> None:
+    """docs/security.md, "ACLs": the tables are `docstream acls plan --markdown`'s, unedited."""
+    page = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    assert "## ACLs" in page
+    assert acls.markdown(plan()) in page
