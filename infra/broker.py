@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from docstream.errors import BrokerError
 from docstream.principals import ADMIN, PRINCIPALS
@@ -166,7 +167,7 @@ class LocalBroker:
         """Every SCRAM user's password (a BrokerError when the broker was never secured)."""
         return self.material.passwords()
 
-    def client_config(self, user: str = ADMIN) -> dict[str, str]:
+    def client_config(self, user: str = ADMIN) -> dict[str, Any]:
         """librdkafka's configuration for `user` on this secured broker: bootstrap, SASL_SSL,
         SCRAM-SHA-512, the user's password and the CA (hostname verification on)."""
         return tls.client_config(self.bootstrap, self.ca_path, user, self.password(user))

@@ -182,7 +182,7 @@ class LocalCluster:
         """Whether the cluster's storage was formatted secured (a client needs SASL_SSL)."""
         return self.nodes[0].formatted_as() == SECURE
 
-    def client_config(self, user: str = ADMIN) -> dict[str, str]:
+    def client_config(self, user: str = ADMIN) -> dict[str, Any]:
         """librdkafka's configuration for `user` on the secured cluster (every node's address)."""
         return tls.client_config(self.bootstrap, self.ca_path, user, self.nodes[0].password(user))
 

@@ -217,7 +217,10 @@ def parse_users(text: str, path: Path) -> dict[str, str]:
     if not isinstance(loaded, dict) or not all(isinstance(v, str) for v in loaded.values()):
         raise BrokerError(f"{path} is not the secured broker's users file (a JSON object of passwords)")
     for user, password in loaded.items():
-        _check_user(user, password)
+        try:
+            _check_user(user, password)
+        except BrokerError as exc:
+            raise BrokerError(f"{path} is not the secured broker's users file: {exc}") from exc
     return dict(loaded)
 
 
