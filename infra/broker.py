@@ -24,6 +24,11 @@ formatted plain is never started secured, nor the reverse: the start says how to
 
 The class takes explicit arguments; `infra.cluster.for_settings` builds the one(s) the settings
 describe (a cluster of one node is this broker in the work directory itself).
+
+Why one module: it is one broker process's whole life, tied to one work directory: the files it
+writes, the launch (material, properties, format, JVM), the wait, the signals and the pid file
+that finds it again. What can stand alone already does: the properties (`server_properties`), the
+TLS material (`tls`, `security`), the jars (`jars`) and the operating-system calls (`processes`).
 """
 
 from __future__ import annotations
@@ -53,11 +58,10 @@ from infra.processes import (
 )
 from infra.security import BrokerMaterial, write_private
 from infra.server_properties import HOST, SecureListeners, new_cluster_id, render_server_properties
-from infra.tls import PRIVATE_MODE
+from infra.tls import PLAIN, PRIVATE_MODE, SECURE
 
 LOG_CONFIG_PATH = KAFKA_DIR / "log4j2.yaml"
 POLL_INTERVAL_S = 0.1
-SECURE, PLAIN = "secure", "plain"  # how a storage was formatted (<work>/formatted)
 
 
 @dataclass(frozen=True)
@@ -178,35 +182,17 @@ class LocalBroker:
 
     def password(self, user: str) -> str:
         """One SCRAM user's password on the secured broker."""
-        passwords = self.passwords()
-        if user not in passwords:
-            raise BrokerError(
-                f"no SCRAM user {user!r} on the secured broker; its users: {', '.join(passwords)}"
-            )
-        return passwords[user]
+        return self.material.password(user)
 
     def _check_formatted_as_asked(self) -> None:
-        """A storage formatted plain has no SCRAM users and one formatted secure has no PLAINTEXT
-        listener: either started the other way would be a broker nobody can use safely."""
-        formatted = self.formatted_as()
-        wanted = SECURE if self.secure else PLAIN
-        if formatted is not None and formatted != wanted:
-            how = (
-                "with --secure (or DOCSTREAM_BROKER_SECURE=true)"
-                if formatted == SECURE
-                else "without --secure"
-            )
-            raise BrokerError(
-                f"the broker in {self.state_dir} was formatted {formatted} and cannot start {wanted}: "
-                f"start it {how}, or reset it (its topics are lost): "
-                f"`docstream broker stop && rm -rf {self.state_dir}`"
-            )
-        if formatted == SECURE and not self.material.exists():
-            raise BrokerError(
-                f"the broker in {self.state_dir} was formatted secure but its users' passwords "
-                f"({self.material.files.users}) are gone: reset it (its topics are lost): "
-                f"`docstream broker stop && rm -rf {self.state_dir}`"
-            )
+        refusal = tls.format_refusal(
+            self.formatted_as(),
+            secure=self.secure,
+            users_kept=self.material.exists(),
+            state_dir=self.state_dir,
+        )
+        if refusal is not None:
+            raise BrokerError(refusal)
 
     # -- jars ---------------------------------------------------------------------------------
 

@@ -38,9 +38,10 @@ from docstream.kafka import clients
 from docstream.principals import ADMIN
 from docstream.settings import CLUSTER_FILE, Settings, local_bootstrap
 from infra import tls
-from infra.broker import SECURE, BrokerStatus, LocalBroker, port_answers
+from infra.broker import BrokerStatus, LocalBroker, port_answers
 from infra.jars import DEFAULT_LIB_DIR
 from infra.server_properties import HOST, new_cluster_id
+from infra.tls import SECURE
 
 MAX_BROKERS = 9
 # Below Linux's ephemeral range (32768-60999): a port found free here is not taken a moment later

@@ -72,6 +72,15 @@ class BrokerMaterial:
                 "(`docstream broker start --secure`)"
             ) from exc
 
+    def password(self, user: str) -> str:
+        """One user's password; a BrokerError naming the users there are when it is none of them."""
+        passwords = self.passwords()
+        if user not in passwords:
+            raise BrokerError(
+                f"no SCRAM user {user!r} on the secured broker; its users: {', '.join(passwords)}"
+            )
+        return passwords[user]
+
     def exists(self) -> bool:
         return self.files.users.exists()
 

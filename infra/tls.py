@@ -32,6 +32,7 @@ from pathlib import Path
 from docstream.errors import BrokerError
 from docstream.settings import Settings
 
+SECURE, PLAIN = "secure", "plain"  # how a broker's storage was formatted (infra.broker)
 SECURITY_PROTOCOL = "SASL_SSL"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 # The certificate's subject; the controller listener maps it to the `admin` principal (mTLS).
@@ -228,6 +229,24 @@ def scram_argument(user: str, password: str) -> str:
     """`kafka-storage format --add-scram`'s value for one user."""
     _check_user(user, password)
     return f"{SCRAM_MECHANISM}=[name={user},password={password}]"
+
+
+def format_refusal(formatted: str | None, *, secure: bool, users_kept: bool, state_dir: Path) -> str | None:
+    """Why a storage formatted `formatted` (None: not yet) must not start `secure` or plain; None
+    when it may. One formatted plain has no SCRAM users and one formatted secure no PLAINTEXT
+    listener: started the other way, it would be a broker nobody can use, or half secured. One
+    formatted secure whose passwords file is gone has users nobody knows the passwords of."""
+    reset = f"reset it (its topics are lost): `docstream broker stop && rm -rf {state_dir}`"
+    wanted = SECURE if secure else PLAIN
+    if formatted is not None and formatted != wanted:
+        how = "with --secure (or DOCSTREAM_BROKER_SECURE=true)" if formatted == SECURE else "without --secure"
+        return (
+            f"the broker in {state_dir} was formatted {formatted} and cannot start {wanted}: "
+            f"start it {how}, or {reset}"
+        )
+    if formatted == SECURE and not users_kept:
+        return f"the broker in {state_dir} was formatted secure but its users' passwords are gone: {reset}"
+    return None
 
 
 def java_argfile(arguments: Iterable[str]) -> str:

@@ -276,7 +276,7 @@ def test_a_storage_is_started_only_the_way_it_was_formatted(
 def test_a_secured_storage_without_its_passwords_says_to_reset(tmp_path: Path) -> None:
     formatted(tmp_path, "secure")
     broker = LocalBroker(tmp_path, broker_port=1, controller_port=2, secure=True)
-    with pytest.raises(BrokerError, match=r"passwords .* are gone"):
+    with pytest.raises(BrokerError, match="passwords are gone"):
         broker.launch()
 
 
