@@ -10,7 +10,9 @@ those the plan names) are ever removed; anyone else's, and every DENY, are left 
 
 Kafka's errors are translated here: a broker without an authorizer (SECURITY_DISABLED) and a
 principal that may not manage ACLs (CLUSTER_AUTHORIZATION_FAILED) are `KafkaConfigError`s that say
-what to change; anything else goes through `docstream.kafka.errors.translate`.
+what to change; anything else goes through `docstream.kafka.errors.translate`. A broker without an
+authorizer answers DescribeAcls with an empty list (Kafka 4.1), so a dry run there reports every
+binding as one to create; only the CreateAcls of a real run meets SECURITY_DISABLED.
 """
 
 from __future__ import annotations
