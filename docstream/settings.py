@@ -276,6 +276,11 @@ class Settings(BaseSettings):
     )
     local_broker_port: int = Field(default=9092, ge=1, le=65535)
     local_controller_port: int = Field(default=9093, ge=1, le=65535)
+    broker_secure: bool = Field(
+        default=False,
+        description="`docstream broker start` runs the local broker secured (SASL_SSL, SCRAM-SHA-512,"
+        " TLS with a local CA) as `--secure` does; docs/security.md",
+    )
     schema_registry_url: str | None = None
     blob_url: str | None = Field(
         default=None, description="s3://bucket/prefix, or an fsspec URL; unset means <home>/blobs"

@@ -12,9 +12,23 @@ Everything it writes lives under its work directory:
     <work>/data/               log.dirs: the KRaft metadata log and the topic partitions
     <work>/logs/broker.log     the JVM's stdout and stderr, appended across restarts
     <work>/broker.pid          the pid of the running JVM
+    <work>/formatted           how data/ was formatted: `secure` (with SCRAM users) or `plain`
+
+A secured broker (`secure=True`, `docstream broker start --secure`) listens on SASL_SSL only
+(`infra.server_properties.SecureListeners`); its CA, certificate and users' passwords are made
+at its first start and kept in `<state>/tls/` (`infra.security`, `infra.tls`), where `<state>`
+is the work directory, or the cluster's for each of its nodes. Its users are the principals of
+`docstream.principals`, created when the storage is formatted (`--add-scram`); a storage
+formatted plain is never started secured, nor the reverse: the start says how to reset it.
+`client_config(user)` / `client_settings(user)` give a client what it needs to connect.
 
 The class takes explicit arguments; `infra.cluster.for_settings` builds the one(s) the settings
 describe (a cluster of one node is this broker in the work directory itself).
+
+Why one module: it is one broker process's whole life, tied to one work directory: the files it
+writes, the launch (material, properties, format, JVM), the wait, the signals and the pid file
+that finds it again. What can stand alone already does: the properties (`server_properties`), the
+TLS material (`tls`, `security`), the jars (`jars`) and the operating-system calls (`processes`).
 """
 
 from __future__ import annotations
@@ -27,9 +41,11 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from docstream.errors import BrokerError
-from infra import jars
+from docstream.principals import ADMIN, PRINCIPALS
+from infra import jars, tls
 from infra.jars import DEFAULT_LIB_DIR, KAFKA_DIR
 from infra.processes import (
     LOG_TAIL_LINES,
@@ -40,7 +56,9 @@ from infra.processes import (
     send_signal,
     spawn_detached,
 )
-from infra.server_properties import HOST, new_cluster_id, render_server_properties
+from infra.security import BrokerMaterial, write_private
+from infra.server_properties import HOST, SecureListeners, new_cluster_id, render_server_properties
+from infra.tls import PLAIN, PRIVATE_MODE, SECURE
 
 LOG_CONFIG_PATH = KAFKA_DIR / "log4j2.yaml"
 POLL_INTERVAL_S = 0.1
@@ -58,6 +76,7 @@ class BrokerStatus:
     uptime_s: float | None
     paused: bool = False  # SIGSTOPped (`pause`): its port accepts connections, it answers nothing
     node_id: int = 1
+    secure: bool = False  # formatted with SCRAM users, listening on SASL_SSL
 
 
 def free_port(host: str = HOST) -> int:
@@ -93,8 +112,15 @@ class LocalBroker:
         voters: str | None = None,
         replicas: int = 1,
         cluster_id: str | None = None,
+        secure: bool = False,
+        state_dir: Path | None = None,
+        openssl: str = "openssl",
     ) -> None:
         self.work_dir = work_dir.resolve()
+        self.secure = secure
+        # Where the TLS material and the users live: shared by every node of a cluster.
+        self.state_dir = (state_dir or work_dir).resolve()
+        self.material = BrokerMaterial(self.state_dir / "tls", openssl=openssl)
         self.broker_port = broker_port
         self.controller_port = controller_port
         self.node_id, self.voters, self.replicas, self.cluster_id = node_id, voters, replicas, cluster_id
@@ -123,6 +149,51 @@ class LocalBroker:
     def properties_path(self) -> Path:
         return self.work_dir / "server.properties"
 
+    @property
+    def formatted_path(self) -> Path:
+        return self.work_dir / "formatted"
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA certificate a client of the secured broker trusts (ssl.ca.location)."""
+        return self.material.files.ca_cert
+
+    # -- security -----------------------------------------------------------------------------
+
+    def formatted_as(self) -> str | None:
+        """`secure` or `plain` once the storage is formatted (a storage formatted before docstream
+        could secure a broker is plain), None before."""
+        if self.formatted_path.exists():
+            return self.formatted_path.read_text().strip()
+        return PLAIN if (self.data_dir / "meta.properties").exists() else None
+
+    def passwords(self) -> dict[str, str]:
+        """Every SCRAM user's password (a BrokerError when the broker was never secured)."""
+        return self.material.passwords()
+
+    def client_config(self, user: str = ADMIN) -> dict[str, Any]:
+        """librdkafka's configuration for `user` on this secured broker: bootstrap, SASL_SSL,
+        SCRAM-SHA-512, the user's password and the CA (hostname verification on)."""
+        return tls.client_config(self.bootstrap, self.ca_path, user, self.password(user))
+
+    def client_settings(self, user: str = ADMIN) -> dict[str, str]:
+        """The same as docstream's environment variables (DOCSTREAM_SASL_USERNAME ...)."""
+        return tls.client_settings(self.bootstrap, self.ca_path, user, self.password(user))
+
+    def password(self, user: str) -> str:
+        """One SCRAM user's password on the secured broker."""
+        return self.material.password(user)
+
+    def _check_formatted_as_asked(self) -> None:
+        refusal = tls.format_refusal(
+            self.formatted_as(),
+            secure=self.secure,
+            users_kept=self.material.exists(),
+            state_dir=self.state_dir,
+        )
+        if refusal is not None:
+            raise BrokerError(refusal)
+
     # -- jars ---------------------------------------------------------------------------------
 
     def jars_fetched(self) -> bool:
@@ -144,6 +215,7 @@ class LocalBroker:
     def launch(self) -> tuple[int, bool]:
         """Start the JVM without waiting for it (a cluster's nodes elect their controller only once
         a majority runs); (pid, whether launched now rather than found running)."""
+        self._check_formatted_as_asked()
         pid = self._live_pid()
         if pid is not None:
             self._check_same_settings(pid)
@@ -171,8 +243,11 @@ class LocalBroker:
         self._check_jars()
         self._check_ports_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        passwords = self.material.ensure(PRINCIPALS) if self.secure else {}
+        self.properties_path.touch(mode=PRIVATE_MODE)  # a secured node's holds admin's password
+        self.properties_path.chmod(PRIVATE_MODE)
         self.properties_path.write_text(self._properties())
-        self._format_storage(java)
+        self._format_storage(java, passwords)
         with self.log_path.open("ab") as log:
             log.write(f"=== docstream: starting the broker on {self.bootstrap} ===\n".encode())
         command = [
@@ -187,6 +262,10 @@ class LocalBroker:
         return pid
 
     def _properties(self) -> str:
+        secure = None
+        if self.secure:
+            files = self.material.files
+            secure = SecureListeners(files.keystore, files.ca_cert, self.password(ADMIN))
         return render_server_properties(
             self.broker_port,
             self.controller_port,
@@ -194,12 +273,18 @@ class LocalBroker:
             node_id=self.node_id,
             voters=self.voters,
             replicas=self.replicas,
+            secure=secure,
         )
 
-    def _format_storage(self, java: str) -> None:
-        """Format log.dirs once; a formatted dir keeps its cluster id (and its topics) forever."""
+    def _format_storage(self, java: str, passwords: dict[str, str]) -> None:
+        """Format log.dirs once; a formatted dir keeps its cluster id (and its topics) forever.
+        A secured one is formatted with every user of `passwords` (SCRAM-SHA-512): the brokers
+        authenticate to each other as `admin` before any client could create a user."""
         if (self.data_dir / "meta.properties").exists():
             return
+        scram = [
+            arg for user, pw in passwords.items() for arg in ("--add-scram", tls.scram_argument(user, pw))
+        ]
         command = [
             *self._jvm(java),
             "kafka.tools.StorageTool",
@@ -209,14 +294,22 @@ class LocalBroker:
             self.cluster_id or new_cluster_id(),
             "--config",
             str(self.properties_path),
+            *scram,
         ]
+        argfile = self.material.files.root / "format.args"
+        if scram:  # the passwords stay off the process list: the JVM reads them from a 0600 file
+            write_private(argfile, tls.java_argfile(command[1:]))
+            command = [command[0], f"@{argfile}"]
         try:
             with self.log_path.open("ab") as log:
                 code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=120).returncode
         except subprocess.TimeoutExpired as exc:
             raise BrokerError(f"formatting {self.data_dir} took over 120 s:\n{self._log_tail()}") from exc
+        finally:
+            argfile.unlink(missing_ok=True)
         if code != 0:
             raise BrokerError(f"formatting {self.data_dir} failed (exit {code}):\n{self._log_tail()}")
+        self.formatted_path.write_text(f"{SECURE if self.secure else PLAIN}\n")
 
     def _jvm(self, java: str) -> list[str]:
         return [java, f"-Dlog4j2.configurationFile={LOG_CONFIG_PATH}", "-cp", str(self.lib_dir / "*")]
@@ -318,6 +411,7 @@ class LocalBroker:
             uptime_s=uptime,
             paused=paused,
             node_id=self.node_id,
+            secure=self.formatted_as() == SECURE,
         )
 
     def logs(self, lines: int = 50, follow: bool = False) -> Iterator[str]:

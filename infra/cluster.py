@@ -14,6 +14,11 @@ A cluster of three replicates every internal topic three times with min.insync.r
 
 `<work>/cluster.json` records the cluster's size, cluster id and ports, so later commands
 (`status`, `kill --id 2`, and `Settings.bootstrap`, which lists every node) find it again.
+
+A secured cluster (`secure=True`: `docstream broker start --secure`, DOCSTREAM_BROKER_SECURE)
+is secured node by node as `infra.broker` describes, all nodes sharing `<work>/tls/`: one CA,
+one broker certificate, one set of SCRAM users. `client_config(user)` and `client_settings(user)`
+connect a client to every node; `status` asks the cluster's health as `admin`.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[a
 
 from docstream.errors import BrokerError
 from docstream.kafka import clients
-from docstream.settings import CLUSTER_FILE, Settings
+from docstream.principals import ADMIN
+from docstream.settings import CLUSTER_FILE, Settings, local_bootstrap
+from infra import tls
 from infra.broker import BrokerStatus, LocalBroker, port_answers
 from infra.jars import DEFAULT_LIB_DIR
 from infra.server_properties import HOST, new_cluster_id
+from infra.tls import SECURE
 
 MAX_BROKERS = 9
 # Below Linux's ephemeral range (32768-60999): a port found free here is not taken a moment later
@@ -63,10 +71,16 @@ class ClusterStatus:
     health: NodeHealth | None  # None: no broker answered
     error: str | None = None
 
+    @property
+    def secure(self) -> bool:
+        """Formatted secured (SASL_SSL, SCRAM users): every node is, or none (`LocalBroker`)."""
+        return any(n.secure for n in self.nodes)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "brokers": self.brokers,
             "bootstrap": self.bootstrap,
+            "secure": self.secure,
             "nodes": [
                 {**asdict(n), "data_dir": str(n.data_dir), "log_path": str(n.log_path)} for n in self.nodes
             ],
@@ -92,6 +106,7 @@ class LocalCluster:
         java: str = "java",
         mvn: str = "mvn",
         cluster_id: str | None = None,
+        secure: bool = False,
     ) -> None:
         if not 1 <= brokers <= MAX_BROKERS:
             raise BrokerError(f"a local cluster has 1 to {MAX_BROKERS} brokers, not {brokers}")
@@ -123,6 +138,8 @@ class LocalCluster:
                 voters=voters,
                 replicas=replicas,
                 cluster_id=self.cluster_id if brokers > 1 else None,
+                secure=secure,
+                state_dir=self.work_dir,
             )
             for i, (b, c) in enumerate(self.ports)
         )
@@ -157,6 +174,22 @@ class LocalCluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def ca_path(self) -> Path:
+        return self.nodes[0].ca_path
+
+    def formatted_secure(self) -> bool:
+        """Whether the cluster's storage was formatted secured (a client needs SASL_SSL)."""
+        return self.nodes[0].formatted_as() == SECURE
+
+    def client_config(self, user: str = ADMIN) -> dict[str, Any]:
+        """librdkafka's configuration for `user` on the secured cluster (every node's address)."""
+        return tls.client_config(self.bootstrap, self.ca_path, user, self.nodes[0].password(user))
+
+    def client_settings(self, user: str = ADMIN) -> dict[str, str]:
+        """The same as docstream's environment variables (DOCSTREAM_SASL_USERNAME ...)."""
+        return tls.client_settings(self.bootstrap, self.ca_path, user, self.nodes[0].password(user))
 
     def node(self, node_id: int) -> LocalBroker:
         if not 1 <= node_id <= self.size:
@@ -198,7 +231,8 @@ class LocalCluster:
         if not live:
             return ClusterStatus(self.size, self.bootstrap, nodes, None, "no broker is running")
         try:
-            found = cluster_health(",".join(live), timeout)
+            connection = self.client_config(ADMIN) if self.formatted_secure() else None
+            found = cluster_health(",".join(live), timeout, connection)
         except Exception as exc:
             return ClusterStatus(self.size, self.bootstrap, nodes, None, str(exc))
         return ClusterStatus(self.size, self.bootstrap, nodes, found)
@@ -251,12 +285,16 @@ def cluster_health(
     )
 
 
-def for_settings(settings: Settings, brokers: int | None = None) -> LocalCluster:
+def for_settings(
+    settings: Settings, brokers: int | None = None, *, secure: bool | None = None
+) -> LocalCluster:
     """The local cluster the settings describe (`<home>/broker`, the configured ports): the one
     cluster.json records, or `brokers` nodes (default 1) when none is recorded or `brokers` differs.
+    Started secured when `secure` (default: the setting `broker_secure`, DOCSTREAM_BROKER_SECURE).
     """
     work_dir = settings.home / "broker"
-    recorded = LocalCluster.recorded(work_dir)
+    secure = settings.broker_secure if secure is None else secure
+    recorded = LocalCluster.recorded(work_dir, secure=secure)
     if recorded is not None and (brokers is None or brokers == recorded.size):
         return recorded
     if recorded is not None and any(n.status().pid is not None for n in recorded.nodes):
@@ -269,4 +307,12 @@ def for_settings(settings: Settings, brokers: int | None = None) -> LocalCluster
         brokers=brokers or 1,
         broker_port=settings.local_broker_port,
         controller_port=settings.local_controller_port,
+        secure=secure,
     )
+
+
+def manages(settings: Settings) -> bool:
+    """Whether the settings point at the local cluster `docstream broker` manages: no bootstrap
+    set, or the local cluster's own (as `docstream broker credentials` prints it, exported)."""
+    local = local_bootstrap(settings.home / "broker", settings.local_broker_port)
+    return settings.uses_local_broker or settings.bootstrap_servers == local

@@ -9,6 +9,10 @@ Where the session's Kafka comes from:
   fetched once into infra/kafka/lib). A machine without java/mvn skips the Kafka tests, except in
   CI (`CI` set), where that is a failure.
 
+Besides it, `secure_kafka` is a secured local broker of the session's own (SASL_SSL, SCRAM-SHA-512,
+a local CA: `docstream broker start --secure`), started the first time a test asks for it;
+`secure_admin_conf`, `secure_settings` and `secure_new_topic` reach it as a given principal.
+
 Every test that uses a Kafka fixture gets the `kafka` marker (`pytest -m "not kafka"` skips them).
 """
 
@@ -24,6 +28,7 @@ import pytest
 
 from docstream.errors import BrokerError, ToolMissingError
 from docstream.kafka.config import connection_config
+from docstream.principals import ADMIN, OPS
 from docstream.settings import Settings
 from docstream.topology import TopicSpec
 from infra.broker import LocalBroker, free_port
@@ -49,6 +54,7 @@ LONGEST_FIRST = (
     "test_api_admission.py",
     "test_ocr_engine.py",
     "test_broker.py",
+    "test_broker_secure.py",
     "test_autoscaler.py",
     "test_outbox_relay.py",
 )
@@ -56,7 +62,7 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        if {"kafka_bootstrap", "secure_kafka"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
@@ -173,3 +179,75 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 def s3_blob_url(s3_env: S3Server) -> str:
     """A fresh `s3://docstream/<prefix>` store URL on the session's S3 server."""
     return s3_env.blob_url(f"t-{uuid.uuid4().hex[:12]}")
+
+
+# -- the secured broker (SASL_SSL, SCRAM-SHA-512, a local CA) --------------------------------------
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """A secured single broker of this session (`LocalBroker(secure=True)`) on free loopback ports,
+    its state in a temporary directory; stopped at the end. What a test reads from it:
+    `.bootstrap`, `.ca_path` (the CA's PEM), `.passwords()` (user -> SCRAM password, every
+    principal of docstream.principals), `.client_config(user)` (librdkafka's dict: bootstrap,
+    SASL_SSL, SCRAM-SHA-512, the user's password, the CA) and `.client_settings(user)` (the same
+    as DOCSTREAM_* variables). Only `admin` may do anything before ACLs are written: it is the
+    super user. Skips without openssl (fails in CI)."""
+    work_dir = tmp_path_factory.mktemp("secure-kafka")
+    try:
+        broker = _started_secure_broker(work_dir / "broker")
+    except ToolMissingError as exc:  # no openssl
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no secured local Kafka broker: {exc}")
+    except BrokerError:  # another process may have taken a free port before Kafka bound it
+        broker = _started_secure_broker(work_dir / "broker-retry")
+    try:
+        yield broker
+    finally:
+        broker.stop(timeout=15)
+
+
+def _started_secure_broker(work_dir: Path) -> LocalBroker:
+    broker = LocalBroker(work_dir, broker_port=free_port(), controller_port=free_port(), secure=True)
+    broker.start(timeout=90)
+    return broker
+
+
+@pytest.fixture
+def secure_admin_conf(secure_kafka: LocalBroker) -> dict[str, Any]:
+    """The configuration dict of an AdminClient (or any client) on the secured broker as `admin`,
+    the super user: what creates topics and writes ACLs (`ensure_topics(secure_admin_conf, ...)`)."""
+    return dict(secure_kafka.client_config(ADMIN))
+
+
+@pytest.fixture
+def secure_settings(secure_kafka: LocalBroker, tmp_path: Path) -> Callable[..., Settings]:
+    """A factory: `secure_settings("ocr")` is the Settings of a process authenticating as that
+    principal on the secured broker (its DOCSTREAM_* variables), local state under tmp_path."""
+
+    def build(user: str = OPS, **overrides: Any) -> Settings:
+        fields: dict[str, Any] = {
+            **secure_kafka.client_settings(user),  # by their env names: Settings takes its aliases
+            "home": tmp_path / f"home-{user}",
+            "topic_partitions": 3,
+            **overrides,
+        }
+        return Settings(**fields)
+
+    return build
+
+
+@pytest.fixture
+def secure_new_topic(secure_admin_conf: dict[str, Any]) -> Iterator[Callable[..., str]]:
+    """A factory like `new_topic`, on the secured broker (created and deleted as `admin`)."""
+    created: list[str] = []
+
+    def create(partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        ensure_topics(secure_admin_conf, [TopicSpec(name, partitions, ())])
+        created.append(name)
+        return name
+
+    yield create
+    delete_topics(secure_admin_conf, created)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from docstream.cli import (
+    acls,
     api,
     broker,
     capacity,
@@ -33,6 +34,7 @@ app.add_typer(broker.app, name="broker", help="Run the local Kafka broker (KRaft
 app.add_typer(topics.app, name="topics", help="Topics as code: ensure and describe the declared topics.")
 app.add_typer(schemas.app, name="schemas", help="Event schemas: compatibility checks.")
 app.add_typer(dlq.app, name="dlq", help="Dead letters: list, show and redrive them.")
+app.add_typer(acls.app, name="acls", help="Least-privilege Kafka ACLs per principal: plan, apply, check.")
 app.add_typer(api.app, name="api", help="The HTTP ingest API: serve it, manage its keys per tenant.")
 app.command(name="publish")(publish.publish)
 demo.register(app)

@@ -4,12 +4,18 @@ One broker by default; `start --brokers 3` runs three KRaft nodes (each a broker
 and every later command finds them again. `--id N` acts on one node: `start`, `stop` (SIGTERM),
 `kill` (SIGKILL), `pause` (SIGSTOP: partitioned away) and `resume` (SIGCONT).
 
+`start --secure` (or DOCSTREAM_BROKER_SECURE=true) runs it on SASL_SSL with SCRAM users and a
+local CA (infra.broker, docs/security.md) and prints the settings of a client; `credentials
+--user NAME` prints them again for any principal.
+
 When KAFKA_BOOTSTRAP_SERVERS points at an existing cluster there is no local broker to manage:
-`start` and `stop` say so and succeed, `status` reports the cluster as not managed.
+`start` and `stop` say so and succeed, `status` reports the cluster as not managed. The local
+cluster's own address, exported from `credentials`, still counts as the local cluster.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -18,9 +24,11 @@ import typer
 from rich.table import Table
 
 from docstream.cli._common import console, print_json, reports_errors, settings
+from docstream.errors import ConfigurationError
+from docstream.principals import OPS, PRINCIPALS
 from docstream.settings import Settings
 from infra.broker import BrokerStatus, LocalBroker
-from infra.cluster import ClusterStatus, for_settings
+from infra.cluster import ClusterStatus, LocalCluster, for_settings, manages
 
 app = typer.Typer(no_args_is_help=True, help="Run the local Kafka cluster (KRaft, jars from Maven Central).")
 
@@ -45,12 +53,19 @@ def start(
     ] = None,
     node_id: NodeId = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the brokers to be ready")] = 90.0,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL_SSL: TLS with a local CA and SCRAM-SHA-512 users (also DOCSTREAM_BROKER_SECURE=true)",
+        ),
+    ] = False,
 ) -> None:
     """Start the local cluster in the background (or one node of it), or find it running."""
     s = settings()
     if _external(s):
         return
-    cluster = for_settings(s, brokers)
+    cluster = for_settings(s, brokers, secure=secure or s.broker_secure)
     if not cluster.nodes[0].jars_fetched():
         _fetch(cluster.nodes[0])
     if node_id is not None:
@@ -71,6 +86,34 @@ def start(
     else:
         console.print(f"[green]{cluster.size} Kafka brokers running[/green]; bootstrap {cluster.bootstrap}")
         _print_cluster(status)
+    if status.secure:
+        console.print(
+            f"Secured (SASL_SSL, SCRAM-SHA-512). A client as `{OPS}` sets (other users: "
+            "`docstream broker credentials --user NAME`):"
+        )
+        _print_exports(cluster, OPS)
+
+
+@app.command()
+@reports_errors
+def credentials(
+    user: Annotated[str, typer.Option("--user", "-u", help=f"the principal: {', '.join(PRINCIPALS)}")] = OPS,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object to stdout")] = False,
+) -> None:
+    """Print a principal's client settings for the secured local broker, as `export` lines
+    (`eval "$(docstream broker credentials --user ocr)"`) or JSON."""
+    s = settings()
+    if _external(s):
+        return
+    if user not in PRINCIPALS:
+        raise ConfigurationError(
+            f"--user {user!r} is no principal of docstream; one of {', '.join(PRINCIPALS)}"
+        )
+    cluster = for_settings(s)
+    if as_json:
+        print_json(cluster.client_settings(user))
+    else:
+        _print_exports(cluster, user)
 
 
 @app.command()
@@ -128,7 +171,7 @@ def status(
     """Each broker (running, pid, ports), the controller and under-replicated partitions; exit 1
     when no broker runs."""
     s = settings()
-    if not s.uses_local_broker:
+    if not manages(s):
         if as_json:
             print_json({"managed": False, "running": None, "bootstrap": s.bootstrap})
         else:
@@ -185,16 +228,28 @@ def _fetch(broker: LocalBroker) -> None:
 
 def _external(s: Settings) -> bool:
     """True (after saying so) when the settings name an existing cluster instead of the local broker."""
-    if s.uses_local_broker:
+    if manages(s):
         return False
     console.print(f"KAFKA_BOOTSTRAP_SERVERS is set ({s.bootstrap}): not managing a local broker.")
     return True
 
 
+def _print_exports(cluster: LocalCluster, user: str) -> None:
+    """`export NAME=value` lines, to stdout unstyled, so that a shell may `eval` them."""
+    for name, value in cluster.client_settings(user).items():
+        sys.stdout.write(f"export {name}={shlex.quote(value)}\n")
+    sys.stdout.flush()
+
+
+def _security(secure: bool) -> str:
+    return "secured (SASL_SSL, SCRAM-SHA-512)" if secure else "plain (PLAINTEXT)"
+
+
 def _print_status(status: BrokerStatus) -> None:
     if status.running:
         console.print(
-            f"[green]running[/green] at {status.bootstrap}, pid {status.pid}, up {status.uptime_s or 0:.0f} s"
+            f"[green]running[/green] at {status.bootstrap}, pid {status.pid}, "
+            f"up {status.uptime_s or 0:.0f} s, {_security(status.secure)}"
         )
     elif status.paused:
         console.print(f"[yellow]paused[/yellow] (pid {status.pid}): `docstream broker resume --id 1`")
@@ -224,6 +279,7 @@ def _print_cluster(status: ClusterStatus) -> None:
         up = f"{node.uptime_s:.0f} s" if node.uptime_s is not None else "-"
         table.add_row(str(node.node_id), state, node.bootstrap, str(node.pid or "-"), up, role)
     console.print(table)
+    console.print(_security(status.secure))
     if health is None:
         console.print(f"[red]the cluster does not answer[/red]: {status.error}")
         return

@@ -142,7 +142,7 @@ def test_the_api_pod_is_hardened_like_the_others() -> None:
 
 def test_the_api_home_is_an_empty_dir_at_docstream_home() -> None:
     spec = api_objects()["Deployment"]["spec"]["template"]["spec"]
-    (mount,) = api_container()["volumeMounts"]
+    (mount,) = [m for m in api_container()["volumeMounts"] if m["name"] == "home"]  # and the Kafka CA
     assert mount["mountPath"] == configmap()["DOCSTREAM_HOME"]
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume == {"name": mount["name"], "emptyDir": {}}
@@ -153,8 +153,11 @@ def test_the_api_reaches_kafka_s3_and_the_warehouse() -> None:
     refs = [e.get("configMapRef", e.get("secretRef")) for e in c["envFrom"]]
     assert {"name": "docstream-config"} in refs
     assert {"name": "docstream-blobs", "optional": True} in refs
-    assert {"name": "docstream-kafka", "optional": True} in refs
     env = {e["name"]: e for e in c["env"]}
+    assert env["DOCSTREAM_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "docstream-kafka-api",
+        "key": "password",
+    }
     ref = env["DOCSTREAM_WAREHOUSE__URL"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "docstream-warehouse", "key": "url"}
 

@@ -1,4 +1,5 @@
-"""What a pod under infra/k8s is given is what it uses: environment variables, Secrets, volumes.
+"""What a pod under infra/k8s is given is what it uses: environment variables, Secrets, volumes; and
+each workload is to Kafka the principal it should be.
 
 Every variable a manifest sets (`env[]`, and `envFrom[]`: each key of the named ConfigMap, or of
 the Secret as docs/kubernetes.md lists it) must be one a docstream process reads: a name derived
@@ -12,12 +13,21 @@ docs/kubernetes.md ("Secrets an operator creates"); a pod would otherwise wait i
 CreateContainerConfigError. Every volume a pod declares is mounted by one of its containers, and
 every mount names a declared volume.
 
-`problems()` is the check, a pure function of parsed manifests; it runs on the files as written,
-on the overlays as kubectl renders them, and on made-up manifests that must fail.
+Every workload authenticates as its own principal (docstream.principals): a group's Deployment
+(label `docstream.io/group`) as that group, the API as `api`, the exporter as `ops`, the setup Job
+as `admin`. Each of its containers takes DOCSTREAM_SASL_USERNAME / DOCSTREAM_SASL_PASSWORD from
+the Secret `docstream-kafka-<principal>` (keys `username`, `password`) and mounts the brokers' CA
+(Secret `docstream-kafka-ca`) where the ConfigMap's DOCSTREAM_SSL_CA_LOCATION points; a KEDA Kafka
+trigger authenticates with its group's Secret.
+
+`problems()` and `principal_problems()` are the checks, pure functions of parsed manifests; they run
+on the files as written, on the overlays as kubectl renders them, and on made-up manifests that
+must fail.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shutil
 import subprocess
@@ -34,7 +44,9 @@ import yaml
 from pydantic import AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 
+from docstream.principals import ADMIN, API, OPS, PRINCIPALS
 from docstream.settings import Settings
+from docstream.topology import resolve_group
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
@@ -323,7 +335,8 @@ def test_the_documented_secrets_are_used_and_their_keys_are_read() -> None:
     """docs/kubernetes.md lists what an operator creates: each Secret is named by some pod, and each
     key a pod takes whole (envFrom) is a variable something reads."""
     documented = documented_secrets(DOCS.read_text("utf-8"))
-    assert {"docstream-warehouse", "docstream-blobs", "docstream-kafka"} <= set(documented)
+    assert {"docstream-warehouse", "docstream-blobs", "docstream-kafka-ca"} <= set(documented)
+    assert {f"docstream-kafka-{p}" for p in PRINCIPALS} <= set(documented)
     text = "\n".join(path.read_text("utf-8") for path in K8S.rglob("*.yaml"))
     for name, keys in documented.items():
         assert keys, name
@@ -505,3 +518,165 @@ def test_documented_secrets_are_read_from_the_table() -> None:
         "\n## Next\n\n| `docstream-c` | `nope` |\n"
     )
     assert documented_secrets(text) == {"docstream-a": {"url"}, "docstream-b": {"K_1", "K_2"}}
+
+
+# -- who each workload is to Kafka -----------------------------------------------------------------
+
+SASL_KEYS = {"DOCSTREAM_SASL_USERNAME": "username", "DOCSTREAM_SASL_PASSWORD": "password"}
+CA_SECRET = "docstream-kafka-ca"
+NAMED_PRINCIPALS = {
+    ("Deployment", "docstream-api"): API,
+    ("Deployment", "docstream-exporter"): OPS,
+    ("Job", "docstream-setup"): ADMIN,
+}
+
+
+def principal_of(obj: dict[str, Any]) -> str | None:
+    """The principal a workload authenticates as: a group's Deployment as its group (label
+    `docstream.io/group`), the API, the exporter and the setup Job by name; None: not known."""
+    labels = obj["metadata"].get("labels") or {}
+    if obj["kind"] == "Deployment" and "docstream.io/group" in labels:
+        return str(labels["docstream.io/group"])
+    return NAMED_PRINCIPALS.get((obj["kind"], obj["metadata"]["name"]))
+
+
+def secret_name(principal: str) -> str:
+    return f"docstream-kafka-{principal}"
+
+
+def principal_problems(sourced: Iterable[tuple[str, dict[str, Any]]], ca_location: str) -> list[str]:
+    """One line per workload with no known principal, per container whose SASL user or password is
+    not its principal's Secret, and per container that does not mount the CA at `ca_location`."""
+    out: list[str] = []
+    ca_dir, ca_file = posixpath.split(ca_location)
+    for where, obj in sourced:
+        for spec in pod_specs(obj):
+            at = f"{where}: {obj['kind']}/{obj['metadata']['name']}"
+            principal = principal_of(obj)
+            if principal not in PRINCIPALS:
+                out.append(f"{at}: authenticates as no principal of docstream.principals ({principal})")
+                continue
+            ca_volumes = {
+                v["name"]
+                for v in spec.get("volumes", [])
+                if (v.get("secret") or {}).get("secretName") == CA_SECRET
+                and ca_file in {i["path"] for i in v["secret"].get("items", [{"path": ca_file}])}
+            }
+            for c in _containers(spec):
+                env = {e["name"]: e for e in c.get("env", [])}
+                for name, key in SASL_KEYS.items():
+                    ref = (env.get(name, {}).get("valueFrom") or {}).get("secretKeyRef")
+                    wanted = {"name": secret_name(principal), "key": key}
+                    if ref != wanted:
+                        out.append(
+                            f"{at}: container {c.get('name')}: {name} must come from {wanted} "
+                            f"(principal {principal}), not {ref}"
+                        )
+                mounted = {m["name"] for m in c.get("volumeMounts", []) if m.get("mountPath") == ca_dir}
+                if not mounted & ca_volumes:
+                    out.append(
+                        f"{at}: container {c.get('name')} does not mount Secret {CA_SECRET} at {ca_dir}"
+                    )
+    return out
+
+
+def workloads(objects: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(w, o) for w, o in objects if list(pod_specs(o))]
+
+
+def ca_location() -> str:
+    """Where the ConfigMap of base/ says the CA is (the overlays patch other keys only)."""
+    (config,) = yaml_docs(K8S / "base" / "configmap.yaml")
+    return str(config["data"]["DOCSTREAM_SSL_CA_LOCATION"])
+
+
+def test_each_workload_authenticates_as_the_principal_of_its_group() -> None:
+    objects, kustomizations = written()
+    patches = patch_sources(kustomizations)
+    pods = [(w, o) for w, o in workloads(objects) if w not in patches]
+    assert principal_problems(pods, ca_location()) == []
+    seen = {principal_of(o) for _, o in pods}
+    assert seen == set(PRINCIPALS), "every principal is some workload's, and only those"
+    by_name = {o["metadata"]["name"]: principal_of(o) for _, o in pods}
+    assert by_name["docstream-ocr"] == "ocr" and by_name["docstream-warehouse"] == "warehouse"
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("overlay", ["keda", "hpa", "three-brokers"])
+def test_each_rendered_workload_authenticates_as_its_principal(overlay: str) -> None:
+    assert KUBECTL is not None
+    built = subprocess.run(
+        [KUBECTL, "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert built.returncode == 0, built.stderr
+    rendered = [(f"kubectl kustomize infra/k8s/{overlay}", d) for d in yaml.safe_load_all(built.stdout) if d]
+    assert principal_problems(workloads(rendered), ca_location()) == []
+
+
+def test_the_kafka_trigger_authenticates_as_its_group() -> None:
+    """KEDA's Kafka scaler (the example) reads the group's offsets as the group's own principal."""
+    docs = yaml_docs(K8S / "keda" / "kafka-trigger.example.yaml")
+    auths = {d["metadata"]["name"]: d for d in docs if d["kind"] == "TriggerAuthentication"}
+    triggers = [t for d in docs if d["kind"] == "ScaledObject" for t in d["spec"]["triggers"]]
+    assert triggers
+    for trigger in triggers:
+        group = resolve_group(trigger["metadata"]["consumerGroup"]).name
+        assert group is not None
+        assert (trigger["metadata"]["sasl"], trigger["metadata"]["tls"]) == ("scram_sha512", "enable")
+        refs = {
+            r["parameter"]: r for r in auths[trigger["authenticationRef"]["name"]]["spec"]["secretTargetRef"]
+        }
+        assert refs["username"] == {"parameter": "username", "name": secret_name(group), "key": "username"}
+        assert refs["password"] == {"parameter": "password", "name": secret_name(group), "key": "password"}
+        assert refs["ca"] == {"parameter": "ca", "name": CA_SECRET, "key": "ca.crt"}
+
+
+def _secured(principal: str, secret_of: str | None = None, mount_ca: bool = True) -> dict[str, Any]:
+    obj = pod(
+        env=[
+            {
+                "name": name,
+                "valueFrom": {"secretKeyRef": {"name": secret_name(secret_of or principal), "key": key}},
+            }
+            for name, key in SASL_KEYS.items()
+        ],
+        volumes=[
+            {"name": "home", "emptyDir": {}},
+            {
+                "name": "ca",
+                "secret": {"secretName": CA_SECRET, "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+            },
+        ],
+    )
+    obj["metadata"]["labels"] = {"docstream.io/group": principal}
+    if mount_ca:
+        obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].append(
+            {"name": "ca", "mountPath": "/etc/kafka-ca", "readOnly": True}
+        )
+    return obj
+
+
+def test_a_made_up_workload_with_its_own_principal_passes() -> None:
+    assert principal_problems([("made-up.yaml", _secured("ocr"))], "/etc/kafka-ca/ca.crt") == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (
+            _secured("ocr", secret_of="api"),
+            "DOCSTREAM_SASL_USERNAME must come from {'name': 'docstream-kafka-ocr'",
+        ),
+        (
+            _secured("ocr", mount_ca=False),
+            "container c does not mount Secret docstream-kafka-ca at /etc/kafka-ca",
+        ),
+        (_secured("nobody"), "authenticates as no principal of docstream.principals (nobody)"),
+        (pod(), "DOCSTREAM_SASL_PASSWORD must come from"),  # no group label, no known name
+    ],
+)
+def test_a_made_up_workload_with_the_wrong_principal_fails(obj: dict[str, Any], expected: str) -> None:
+    if "labels" not in obj["metadata"]:
+        obj["metadata"] = {"name": "docstream-api"}  # the API by name, with no credentials at all
+    found = principal_problems([("made-up.yaml", obj)], "/etc/kafka-ca/ca.crt")
+    assert any(expected in line for line in found), found
