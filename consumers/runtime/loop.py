@@ -79,6 +79,7 @@ from docstream import faults, logs
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka import config as kafka_config
 from docstream.kafka.connection import ConnectionWatch
+from docstream.kafka.errors import fix_for
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
@@ -195,6 +196,7 @@ class Worker:
             last_loop_at=datetime.fromtimestamp(last_ms / 1000, UTC) if last_ms else None,
             loop_stuck=bool(last_ms) and self._now_ms() - last_ms > stuck_after_s * 1000,
             rebalance_pending=self._rebalance_retries.partitions,
+            broker_refused=connection.refused,
         )
 
     def positions(self, tps: Sequence[TP]) -> dict[TP, int]:
@@ -238,11 +240,14 @@ class Worker:
             raise KafkaError(f"{self.group_id}: consume failed: {exc}") from exc
         return retried, fresh
 
-    @staticmethod
-    def _skip(error: confluent_kafka.KafkaError) -> bool:
-        """An error event instead of a message: partition EOF and the like; fatal ones raise."""
+    def _skip(self, error: confluent_kafka.KafkaError) -> bool:
+        """An error event instead of a message: partition EOF and the like; fatal ones raise; a
+        refusal (no ACL for the group or a topic) goes to the watch: one line, and health."""
         if error.fatal():
             raise KafkaError(f"fatal consumer error: {error}")
+        fix = fix_for(error.code(), error.str())
+        if fix is not None:
+            self._watch.refused(error, fix)
         return True
 
     # -- 2. admit -------------------------------------------------------------------------
@@ -284,6 +289,7 @@ class Worker:
             runs.append((segment, self._close(segment, messages[start:])))
         if not runs:
             return
+        self._watch.accepted()
         admitted = sum(len(run) for _, run in runs)
         self._offsets.admitted(admitted)
         self.stats.fetched += admitted
@@ -520,6 +526,7 @@ class Worker:
             log.info("%s: %s of %s done at attempt %d", self.group_id, name, where, attempt)
 
     def _on_assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+        self._watch.accepted()  # the group admitted us: a refusal of it is over
         self._partitions.assign(consumer, partitions)
 
     def _on_revoke(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:

@@ -37,10 +37,16 @@ class WorkerHealth:
     last_loop_at: datetime | None  # None before the loop's first turn
     loop_stuck: bool  # the loop has not turned for longer than max.poll.interval.ms
     rebalance_pending: int = 0  # partitions whose (un)assignment failed and waits to be run again
+    broker_refused: str | None = None  # the cluster refuses this principal (a missing ACL), and why
 
     @property
     def ok(self) -> bool:
-        return self.broker_reachable and not self.loop_stuck and not self.rebalance_pending
+        return (
+            self.broker_reachable
+            and not self.broker_refused
+            and not self.loop_stuck
+            and not self.rebalance_pending
+        )
 
     def as_dict(self) -> dict[str, object]:  # for json.dumps
         def iso(at: datetime | None) -> str | None:
@@ -49,7 +55,11 @@ class WorkerHealth:
         return {
             "status": "ok" if self.ok else "degraded",
             "group": self.group_id,
-            "broker": {"reachable": self.broker_reachable, "down_since": iso(self.broker_down_since)},
+            "broker": {
+                "reachable": self.broker_reachable,
+                "down_since": iso(self.broker_down_since),
+                "refused": self.broker_refused,
+            },
             "partitions": self.partitions,
             "in_flight": self.in_flight,
             "last_loop_at": iso(self.last_loop_at),

@@ -67,6 +67,7 @@ class ConnectionState:
     down_since: datetime | None  # the first error of the current outage (UTC)
     outages: int  # declared since the watch started
     last_outage_s: float | None  # how long the last one that ended lasted
+    refused: str | None = None  # the cluster answers but refuses this principal (an ACL), and why
 
 
 class ConnectionWatch:
@@ -96,6 +97,7 @@ class ConnectionWatch:
         self._outages = 0
         self._last_outage_s: float | None = None
         self._shown: dict[tuple[str, str], float] = {}  # (facility, line without numbers) -> when
+        self._refused: tuple[float, str] | None = None  # (since, why) while the cluster refuses us
 
     def client_config(self) -> dict[str, Any]:
         """The librdkafka settings that send a client's logs and errors to this watch."""
@@ -125,6 +127,29 @@ class ConnectionWatch:
             or self._shown_lately(facility, text)
         )
         client_log.log(logging.DEBUG if quiet else level, "%s [%s] %s", facility, client, text)
+
+    def refused(self, error: KafkaError, fix: str) -> None:
+        """The cluster answered and refused this principal (a consumer's error event: no ACL for
+        its group or topic). Logged once, at ERROR, with what to fix, until `accepted`."""
+        with self._lock:
+            if self._refused is not None:
+                return
+            self._refused = (self._clock(), f"{error.str()} ({error.name()}); {fix}")
+        log.error("%s: refused by the Kafka cluster: %s", self.name, self._refused[1])
+
+    def accepted(self) -> None:
+        """The refused work goes through again (a message consumed): logged once, at INFO."""
+        if self._refused is None:  # the common case, without the lock
+            return
+        with self._lock:
+            if self._refused is None:
+                return
+            since, self._refused = self._refused[0], None
+        log.info(
+            "%s: the Kafka cluster accepts this principal again after %.0f s",
+            self.name,
+            self._clock() - since,
+        )
 
     # -- the owner's side -----------------------------------------------------------------
 
@@ -160,6 +185,7 @@ class ConnectionWatch:
                 down_since=None if down is None else datetime.fromtimestamp(down, UTC),
                 outages=self._outages,
                 last_outage_s=self._last_outage_s,
+                refused=None if self._refused is None else self._refused[1],
             )
 
     # -- inside ---------------------------------------------------------------------------

@@ -281,3 +281,35 @@ def test_the_client_callbacks_never_raise(watch: ConnectionWatch) -> None:
     logger = watch.client_config()["logger"]
     logger.log(logging.INFO, "%s [%s] %s", "FAIL")  # not the arguments confluent-kafka passes
     watch.client_config()["error_cb"](None)
+
+
+GROUP_REFUSED = KafkaError(
+    KafkaError.GROUP_AUTHORIZATION_FAILED, "JoinGroup failed: Broker: Group authorization failed"
+)
+
+
+def test_a_refusal_is_one_line_and_in_the_state_until_work_is_accepted(
+    watch: ConnectionWatch, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose principal lacks an ACL: the cluster answers, so no outage; one ERROR line
+    naming what to fix however often the consumer reports it, the state says why, one line when
+    it goes through again."""
+    caplog.set_level(logging.DEBUG)
+    for _ in range(50):
+        clock.now += 1
+        watch.refused(GROUP_REFUSED, "this principal has no ACL for it")
+    state = watch.state()
+    assert state.reachable and state.refused is not None and "GROUP_AUTHORIZATION_FAILED" in state.refused
+    clock.now += 10
+    watch.accepted()
+    watch.accepted()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "docstream.kafka"]
+    assert lines == [
+        (
+            logging.ERROR,
+            "docstream.thumbnails: refused by the Kafka cluster: JoinGroup failed: Broker: Group"
+            " authorization failed (GROUP_AUTHORIZATION_FAILED); this principal has no ACL for it",
+        ),
+        (logging.INFO, "docstream.thumbnails: the Kafka cluster accepts this principal again after 59 s"),
+    ]
+    assert watch.state().refused is None
