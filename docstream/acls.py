@@ -66,7 +66,7 @@ CLUSTER_NAME = "kafka-cluster"  # the one name of Kafka's CLUSTER resource
 READER_PREFIX = "docstream-"  # a throwaway reader's group id: docstream-<name>-<uuid> (reader_config)
 LAG_MONITOR_GROUP = "docstream.lag-monitor"  # consumers.lag.reader.LAG_MONITOR_READER_GROUP
 API_READERS = "api"  # the API's readers: api-probe, api-health, api-tracker, api-tracker-ends
-OPS_READERS = ("dlq-reader", "replay-reader", "replay-probe")  # docstream dlq, docstream replay
+OPS_READERS = ("dlq-reader", "replay-reader", "replay-probe", "results-reader")  # dlq, replay, results
 SIDE = ".side."  # a side replay's group and retry topic: <group>.side.<name>-<run>
 READ_BACK = ".read-back"  # analytics' read-back reader: <app id>.read-back (consumers.analytics.readback)
 FAUST_SEPARATOR = "-"  # faust names its own topics <app id>-<name>
@@ -368,7 +368,7 @@ def _ops(prefix: str) -> tuple[Acl, ...]:
         Resource.GROUP,
         readers,
         [Operation.DESCRIBE],
-        "dlq and replay readers: assign() only",
+        "dlq, replay and results readers: assign() only",
         Pattern.PREFIXED,
     )
     return grant.acls()

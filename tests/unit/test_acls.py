@@ -310,7 +310,7 @@ READERS = {
     "api-tracker-ends": API,
     "dlq-reader": OPS,
     "replay-reader": OPS,
-    "results-reader": None,
+    "results-reader": OPS,  # the stage results an operator reads (consumers.ops.pipeline.stage_results)
 }
 
 
