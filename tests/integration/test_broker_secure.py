@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from docstream.kafka.config import producer_config
 from docstream.principals import ADMIN, OPS
 from docstream.topology import TopicSpec
+from infra import tls
 from infra.broker import LocalBroker
 from infra.cluster import LocalCluster, free_port_run
 from infra.topics import ensure_topics
@@ -110,9 +111,23 @@ def test_a_restarted_secured_broker_keeps_its_users_and_ca(secure_kafka: LocalBr
     before = secure_kafka.client_config(OPS)
     passwords, ca = secure_kafka.passwords(), secure_kafka.ca_path.read_bytes()
     secure_kafka.stop(timeout=15)
-    secure_kafka.start(timeout=90)
-    assert secure_kafka.passwords() == passwords and secure_kafka.ca_path.read_bytes() == ca
+    # A principal declared after the storage was formatted: its password joins users.json, and
+    # the start creates it (the CLI starts a one-node cluster: `LocalCluster`, this work dir).
+    newcomer = "n" * 24
+    secure_kafka.material.files.users.write_text(tls.render_users({**passwords, "newcomer": newcomer}))
+    again = LocalCluster(
+        secure_kafka.work_dir,
+        brokers=1,
+        broker_port=secure_kafka.broker_port,
+        controller_port=secure_kafka.controller_port,
+        secure=True,
+    )
+    again.start(timeout=90)
+    assert secure_kafka.passwords() == {**passwords, "newcomer": newcomer}
+    assert secure_kafka.ca_path.read_bytes() == ca
     assert brokers_seen(before) == [1], "the password from before the restart still authenticates"
+    assert brokers_seen(secure_kafka.client_config("newcomer")) == [1]
+    assert again.create_new_users() == (), "made once"
 
 
 def test_three_secured_brokers_form_a_cluster_and_replicate(tmp_path: Path, kafka_jars: Path) -> None:
