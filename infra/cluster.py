@@ -27,14 +27,23 @@ import json
 import random
 import socket
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]  # no __all__
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # no __all__
+    ConfigResource,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
 
 from docstream.errors import BrokerError
 from docstream.kafka import clients
+from docstream.kafka.errors import translated
 from docstream.principals import ADMIN
 from docstream.settings import CLUSTER_FILE, Settings, local_bootstrap
 from infra import tls
@@ -42,8 +51,10 @@ from infra.broker import BrokerStatus, LocalBroker, port_answers
 from infra.jars import DEFAULT_LIB_DIR
 from infra.server_properties import HOST, new_cluster_id
 from infra.tls import SECURE
+from infra.topic_admin import retried
 
 MAX_BROKERS = 9
+SCRAM_ITERATIONS = 4096  # what `kafka-storage format --add-scram` uses by default
 # Below Linux's ephemeral range (32768-60999): a port found free here is not taken a moment later
 # by the source port of some outgoing connection, as one from `free_port` may be.
 PORT_RUN_RANGE = (20000, 32700)
@@ -212,7 +223,35 @@ class LocalCluster:
                 if new:
                     node.stop(timeout=5)
             raise
+        if self.formatted_secure():
+            self.create_new_users(max(5.0, deadline - time.monotonic()))
         return self.status()
+
+    def create_new_users(self, timeout: float = 30.0) -> tuple[str, ...]:
+        """Create, as `admin`, the users of users.json the cluster does not know: principals
+        declared after its storage was formatted (their passwords were added at this start).
+        The users created."""
+        passwords = self.nodes[0].passwords()
+        admin = clients.admin_client(self.client_config(ADMIN))
+
+        def known() -> dict[str, Any]:
+            with translated("reading the secured cluster's SCRAM users"):
+                every = admin.describe_user_scram_credentials(
+                    request_timeout=timeout
+                )  # no users named: one future
+                assert isinstance(every, Future)
+                return dict(every.result(timeout))
+
+        missing = tuple(user for user in passwords if user not in retried(known, timeout))
+        if missing:
+            info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+            upserts: list[UserScramCredentialAlteration] = [
+                UserScramCredentialUpsertion(u, info, passwords[u].encode()) for u in missing
+            ]
+            with translated(f"creating the SCRAM users {', '.join(missing)}"):
+                for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+                    future.result(timeout)
+        return missing
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop every node (SIGTERM, SIGKILL after timeout); False when none was running."""

@@ -40,6 +40,23 @@ def list_topics(admin: AdminClient, timeout: float) -> dict[str, TopicMetadata]:
     return cluster_metadata(admin, timeout).topics
 
 
+def listed_topics(admin: AdminClient, names: Sequence[str], timeout: float) -> dict[str, TopicMetadata]:
+    """The cluster's topics once they include every one named: each broker of a cluster applies
+    the metadata log on its own, so the one answering may not list yet a topic that another just
+    served (seen on a three-broker cluster just after it started)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = list_topics(admin, timeout)
+        missing = [name for name in names if name not in topics]
+        if not missing:
+            return topics
+        if time.monotonic() > deadline:
+            raise KafkaError(
+                f"topics {', '.join(missing)} not in the cluster's metadata after {timeout:.0f} s"
+            )
+        time.sleep(0.1)
+
+
 def cluster_metadata(admin: AdminClient, timeout: float) -> ClusterMetadata:
     with translated("listing topics"):
         return admin.list_topics(timeout=timeout)

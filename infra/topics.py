@@ -44,6 +44,7 @@ from infra.topic_admin import (
     connect,
     future_results,
     list_topics,
+    listed_topics,
     partition_offsets,
     topic_configs,
     wait_until_served,
@@ -228,7 +229,7 @@ def ensure_topics(
     specs = [_with_min_insync(spec, replication) for spec in specs]
     created = _create_missing(admin, specs, replication.factor, timeout)
     wait_until_served(admin, dict.fromkeys(created, 1), timeout)  # a topic appears all at once
-    topics = list_topics(admin, timeout)
+    topics = listed_topics(admin, [s.name for s in specs], timeout)
     configs = topic_configs(admin, [s.name for s in specs], timeout)
     drifts = {s.name: _drift(s, topics[s.name], configs[s.name], replication.factor) for s in specs}
     fixed = _fix(admin, drifts, timeout) if fix else {}

@@ -6,6 +6,8 @@ verification; a restart keeps the users; three secured brokers form a cluster an
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 import uuid
 from pathlib import Path
@@ -14,10 +16,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from typer.testing import CliRunner
 
-from docstream.kafka.config import producer_config
+from docstream.cli.broker import app as broker_app
+from docstream.kafka.config import connection_config, producer_config
 from docstream.principals import ADMIN, OPS
+from docstream.settings import Settings
 from docstream.topology import TopicSpec
+from infra import tls
 from infra.broker import LocalBroker
 from infra.cluster import LocalCluster, free_port_run
 from infra.topics import ensure_topics
@@ -110,39 +116,95 @@ def test_a_restarted_secured_broker_keeps_its_users_and_ca(secure_kafka: LocalBr
     before = secure_kafka.client_config(OPS)
     passwords, ca = secure_kafka.passwords(), secure_kafka.ca_path.read_bytes()
     secure_kafka.stop(timeout=15)
-    secure_kafka.start(timeout=90)
-    assert secure_kafka.passwords() == passwords and secure_kafka.ca_path.read_bytes() == ca
-    assert brokers_seen(before) == [1], "the password from before the restart still authenticates"
-
-
-def test_three_secured_brokers_form_a_cluster_and_replicate(tmp_path: Path, kafka_jars: Path) -> None:
-    base = free_port_run(6)
-    cluster = LocalCluster(
-        tmp_path / "cluster", brokers=3, broker_port=base, controller_port=base + 1, secure=True, heap_mb=384
+    # A principal declared after the storage was formatted: its password joins users.json, and
+    # the start creates it (the CLI starts a one-node cluster: `LocalCluster`, this work dir).
+    newcomer = "n" * 24
+    secure_kafka.material.files.users.write_text(tls.render_users({**passwords, "newcomer": newcomer}))
+    again = LocalCluster(
+        secure_kafka.work_dir,
+        brokers=1,
+        broker_port=secure_kafka.broker_port,
+        controller_port=secure_kafka.controller_port,
+        secure=True,
     )
+    again.start(timeout=90)
+    assert secure_kafka.passwords() == {**passwords, "newcomer": newcomer}
+    assert secure_kafka.ca_path.read_bytes() == ca
+    assert brokers_seen(before) == [1], "the password from before the restart still authenticates"
+    assert brokers_seen(secure_kafka.client_config("newcomer")) == [1]
+    assert again.create_new_users() == (), "made once"
+
+
+def exported(stdout: str) -> dict[str, str]:
+    """The `export NAME=value` lines a command printed, as a shell would set them."""
+    pairs = [
+        shlex.split(line.removeprefix("export "))[0]
+        for line in stdout.splitlines()
+        if line.startswith("export ")
+    ]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_three_secured_brokers_form_a_cluster_and_replicate(
+    tmp_path: Path, kafka_jars: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the CLI: `broker start --secure --brokers 3` prints a client's settings, they
+    connect to all three, `credentials --json` gives admin's, and a topic is replicated three times."""
+    base = free_port_run(6)
+    for name in ("KAFKA_BOOTSTRAP_SERVERS", "DOCSTREAM_BOOTSTRAP_SERVERS", "DOCSTREAM_BROKER_SECURE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCSTREAM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DOCSTREAM_LOCAL_BROKER_PORT", str(base))
+    monkeypatch.setenv("DOCSTREAM_LOCAL_CONTROLLER_PORT", str(base + 1))
+    runner = CliRunner()
     try:
-        cluster.start(timeout=120)
-        admin = cluster.client_config(ADMIN)
-        assert brokers_seen(admin) == [1, 2, 3]
+        started = runner.invoke(broker_app, ["start", "--secure", "--brokers", "3", "--timeout", "120"])
+        assert started.exit_code == 0, started.output
+        as_ops = exported(started.stdout)
+        assert (
+            as_ops["DOCSTREAM_SASL_USERNAME"] == OPS and as_ops["DOCSTREAM_SECURITY_PROTOCOL"] == "SASL_SSL"
+        )
+        assert brokers_seen(connection_config(settings_of(as_ops))) == [1, 2, 3]
+        shown = runner.invoke(broker_app, ["credentials", "--user", ADMIN, "--json"])
+        assert shown.exit_code == 0, shown.output
+        admin = connection_config(settings_of(json.loads(shown.stdout)))
+
         topic = f"secured-{uuid.uuid4().hex[:8]}"
         report = ensure_topics(admin, [TopicSpec(topic, 1, ())])
         assert report.replication is not None and report.replication.factor == 3
         assert produce(producer_config(admin), topic, 20) == []
         deadline = time.monotonic() + 60
-        while (health := cluster.status().health) is None or health.under_replicated:
-            assert time.monotonic() < deadline, f"not in sync on three brokers: {cluster.status()}"
+        status = cluster_status(runner)
+        while status["health"] is None or status["health"]["under_replicated"]:
+            assert time.monotonic() < deadline, f"not in sync on three brokers: {status}"
             time.sleep(1)
-        assert cluster.status().secure and health.brokers == (1, 2, 3)
-        consumer = Consumer({**admin, "group.id": "secured-reader", "enable.auto.commit": False})
-        try:
-            consumer.assign([TopicPartition(topic, 0, 0)])
-            values: list[int] = []
-            while len(values) < 20 and time.monotonic() < deadline:
-                message = consumer.poll(0.5)
-                if message is not None and message.error() is None:
-                    values.append(int(message.value() or b"-1"))
-        finally:
-            consumer.close()
-        assert sorted(values) == list(range(20))
+            status = cluster_status(runner)
+        assert status["secure"] and status["health"]["brokers"] == [1, 2, 3]
+        assert sorted(read_back(admin, topic, 20, deadline)) == list(range(20))
     finally:
-        cluster.stop(timeout=15)
+        stopped = runner.invoke(broker_app, ["stop", "--timeout", "15"])
+    assert stopped.exit_code == 0 and "stopped" in stopped.output, stopped.output
+
+
+def settings_of(env: dict[str, str]) -> Settings:
+    fields: dict[str, Any] = dict(env)  # by their environment names: Settings takes its aliases
+    return Settings(**fields)
+
+
+def cluster_status(runner: CliRunner) -> dict[str, Any]:
+    shown = runner.invoke(broker_app, ["status", "--json"])
+    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+
+
+def read_back(conf: dict[str, Any], topic: str, count: int, deadline: float) -> list[int]:
+    consumer = Consumer({**conf, "group.id": "secured-reader", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[int] = []
+        while len(values) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(int(message.value() or b"-1"))
+        return values
+    finally:
+        consumer.close()
