@@ -79,7 +79,7 @@ from docstream import faults, logs
 from docstream.errors import ConfigurationError, KafkaError
 from docstream.kafka import config as kafka_config
 from docstream.kafka.connection import ConnectionWatch
-from docstream.kafka.errors import fix_for
+from docstream.kafka.errors import fix_for, translate
 from docstream.settings import RuntimeSettings
 from docstream.topology import dead_letter_topic, retry_group_id, retry_topic
 
@@ -327,7 +327,10 @@ class Worker:
     # -- 3. settle (loop thread) ----------------------------------------------------------
 
     def _settle(self, block: bool) -> None:
-        self._producer.poll(0)
+        try:
+            self._producer.poll(0)
+        except KafkaException as exc:  # a fatal producer error (fenced, or refused its producer id)
+            raise translate(exc, f"{self.group_id}: the producer cannot go on") from exc
         self._lanes.due(self._now_ms())  # retries whose time has come
         self._lanes.dispatch()
         timeout = 0.05 if block and not self._lanes.idle else 0.0

@@ -33,7 +33,7 @@ from rich.table import Table
 from consumers.ops.replay import Plan, execute_in_place, now_ms, plan_in_place, resolve_group
 from consumers.ops.replay.plan import format_ms, parse_partitions, parse_position, target_from_options
 from consumers.ops.replay.side import SidePlan, SideReport, plan_side, run_side
-from docstream.cli._common import console, print_json, reports_errors, settings
+from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
 
 
@@ -89,6 +89,7 @@ def replay(
 ) -> None:
     """Replay a group's input: move its offsets (in place), or run it beside the live group (--side)."""
     s = settings()
+    local_connection(s)  # the broker answers and takes the credentials, or a clear word (exit 2)
     ref = resolve_group(group, s, topic)
     chosen = parse_partitions(partitions)
     now = now_ms()

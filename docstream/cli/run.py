@@ -27,10 +27,9 @@ from consumers.ops.launcher import ScaledGroup
 from consumers.ops.pipeline import run_autoscaled, run_until_signalled, serve_health
 from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.store import Warehouse
-from docstream.cli._common import console, reports_errors, settings
+from docstream.cli._common import console, local_connection, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, ConfigurationError
-from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import ANALYTICS, declared_topics, group_id
 from infra import cluster as local_cluster
@@ -138,7 +137,7 @@ def prepare(s: Settings) -> None:
     ):
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
     topics = declared_topics(s.topic_partitions, s.group_prefix)
-    ensure_topics(connection_config(s), topics, replication_factor=s.replication_factor)
+    ensure_topics(local_connection(s), topics, replication_factor=s.replication_factor)
 
 
 def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int | None) -> ScalingConfig:

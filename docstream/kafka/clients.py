@@ -9,6 +9,8 @@ A client that cannot be created (an unknown property, a bad value) raises the tr
 
 from __future__ import annotations
 
+import socket
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -68,11 +70,15 @@ def check_credentials(source: Source, timeout_s: float = 15.0) -> None:
             admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
             return
         except KafkaException as exc:
+            admin.poll(0)  # serves the error callback: what librdkafka met meanwhile
             for error in errors:
-                fix = fix_for(error.code(), error.str())
+                text = error.str()
+                if error.code() == ConfluentKafkaError._SSL:  # librdkafka's text has no X.509 reason
+                    text += tls_reason(str(config.get("bootstrap.servers")), config.get("ssl.ca.location"))
+                fix = fix_for(error.code(), text)
                 if fix is not None:
                     raise KafkaConfigError(
-                        f"cannot connect to Kafka at {config.get('bootstrap.servers')}: {error.str()}; {fix}"
+                        f"cannot connect to Kafka at {config.get('bootstrap.servers')}: {text}; {fix}"
                     ) from exc
             if time.monotonic() >= deadline:
                 raise translate(
@@ -80,3 +86,22 @@ def check_credentials(source: Source, timeout_s: float = 15.0) -> None:
                     f"no answer from Kafka at {config.get('bootstrap.servers')} in {timeout_s:.0f} s",
                     retriable=True,
                 ) from exc
+
+
+def tls_reason(bootstrap: str, ca_location: str | None, timeout_s: float = 5.0) -> str:
+    """Why the first broker's certificate fails verification, as OpenSSL puts it ("certificate has
+    expired", "Hostname mismatch, certificate is not valid for ...", "unable to get local issuer
+    certificate"), from a TLS handshake of Python's own with the same CA and host name check; ""
+    when it cannot tell. librdkafka says only "certificate verify failed"."""
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    try:
+        context = ssl.create_default_context(cafile=ca_location or None)
+        with (
+            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return ""
+    except ssl.SSLCertVerificationError as exc:
+        return f" ({exc.verify_message})"
+    except (OSError, ValueError):
+        return ""
