@@ -43,6 +43,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # no __all__
 
 from docstream.errors import BrokerError
 from docstream.kafka import clients
+from docstream.kafka.config import SECURITY_SETTINGS
 from docstream.kafka.errors import translated
 from docstream.principals import ADMIN
 from docstream.settings import CLUSTER_FILE, Settings, local_bootstrap
@@ -355,3 +356,25 @@ def manages(settings: Settings) -> bool:
     set, or the local cluster's own (as `docstream broker credentials` prints it, exported)."""
     local = local_bootstrap(settings.home / "broker", settings.local_broker_port)
     return settings.uses_local_broker or settings.bootstrap_servers == local
+
+
+def principal_settings(settings: Settings, user: str) -> Settings:
+    """`settings` for a process that authenticates as `user` on the local cluster, when that cluster
+    was formatted secured (`docstream broker start --secure`): the cluster's client settings for
+    `user` (bootstrap, SASL_SSL, SCRAM, the CA; the password from its 0600 users file) written over
+    them. So `docstream up` and `demo` run each group, the sink, analytics and the API as its own
+    principal, under the ACLs `docstream acls apply` gave it, and a command run with no credentials
+    of its own reaches the local secured cluster as `user`. `settings` unchanged for a cluster that
+    is not the local one (an operator gives each process its credentials) or not secured."""
+    if not manages(settings):
+        return settings
+    cluster = for_settings(settings)
+    if cluster.nodes[0].formatted_as() != SECURE:
+        return settings
+    given = cluster.client_settings(user)
+    fields = {
+        field: given[tls.env_name(field)]
+        for field in ("bootstrap_servers", *SECURITY_SETTINGS)
+        if tls.env_name(field) in given
+    }
+    return Settings.model_validate({**settings.model_dump(exclude=set(fields)), **fields})

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from docstream.errors import BrokerError, DocstreamError
 from docstream.kafka.config import connection_config
+from docstream.principals import OPS
 from docstream.settings import Settings, load_settings
 
 console = Console(stderr=True)
@@ -21,8 +22,15 @@ R = TypeVar("R")
 
 
 def settings() -> Settings:
-    """The process settings (read from the environment once per command)."""
-    return load_settings()
+    """The process settings (read from the environment once per command). Settings without
+    credentials of their own reach the local secured cluster as `ops`, the operators' tools
+    (`infra.cluster.principal_settings`; unchanged for any other cluster)."""
+    s = load_settings()
+    if s.security_protocol is None:
+        from infra.cluster import principal_settings  # the CLI's infra side
+
+        s = principal_settings(s, OPS)
+    return s
 
 
 def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -44,11 +52,17 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def local_connection(s: Settings) -> dict[str, Any]:
+def local_connection(s: Settings, as_user: str | None = None) -> dict[str, Any]:
     """The client config; first a clear word when the local cluster is meant but none of its
     brokers accepts connections (a person at a terminal: fail fast, not after a client timeout), or
-    when a secured cluster refuses the credentials or the TLS handshake (naming the setting)."""
+    when a secured cluster refuses the credentials or the TLS handshake (naming the setting).
+    `as_user`: on the local secured cluster, connect as that principal (creating topics and
+    writing ACLs are `admin`'s); elsewhere the settings' own credentials."""
     from infra.broker import port_answers  # the CLI's infra side, loaded when a command needs it
+    from infra.cluster import principal_settings
+
+    if as_user is not None:
+        s = principal_settings(s, as_user)
 
     ports = [int(address.rsplit(":", 1)[1]) for address in s.bootstrap.split(",")]
     if s.uses_local_broker and not any(port_answers(port) for port in ports):

@@ -22,6 +22,7 @@ from consumers.ops import acls as cluster_acls
 from docstream import acls
 from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
+from docstream.principals import ADMIN
 
 app = typer.Typer(no_args_is_help=True, help="Least-privilege Kafka ACLs per principal: plan, apply, check.")
 
@@ -71,7 +72,7 @@ def apply(
     s = settings()
     grants = acls.plan(s.group_prefix)
     report = cluster_acls.apply(
-        local_connection(s), acls.bindings(grants), dry_run=dry_run, prune=prune, principals=grants
+        local_connection(s, ADMIN), acls.bindings(grants), dry_run=dry_run, prune=prune, principals=grants
     )
     if as_json:
         print_json(report.as_dict())
@@ -104,7 +105,7 @@ def check(
     if name is None:
         raise ConfigurationError("whose grant? give --principal NAME or set DOCSTREAM_SASL_USERNAME")
     grants = acls.for_principal(acls.plan(s.group_prefix), name)
-    missing = cluster_acls.check(local_connection(s), grants[name])
+    missing = cluster_acls.check(local_connection(s, name), grants[name])
     if as_json:
         print_json({"principal": name, "missing": missing})
     elif missing:

@@ -39,8 +39,10 @@ from docstream.cli.run import prepare, serve_api
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import ConfigurationError
 from docstream.kafka.config import connection_config
+from docstream.principals import API
 from docstream.settings import Settings
-from docstream.topology import GROUPS, STAGE_NAMES, group_id
+from docstream.topology import ANALYTICS, GROUPS, STAGE_NAMES, WAREHOUSE, group_id
+from infra.cluster import principal_settings
 from producers.delivery import DeliveryResult, PublishedDocument
 from producers.samples import publish_samples, sample_documents
 
@@ -61,18 +63,19 @@ def demo(
     with (
         Warehouse(s.warehouse_url) as warehouse,
         serve_queries(warehouse),  # `docstream sql / search / analytics` meanwhile ask this process
-        analytics_worker(s) as analytics,
+        analytics_worker(principal_settings(s, ANALYTICS)) as analytics,
         Progress(console=console, transient=True) as progress,
     ):
         task = progress.add_task("loading models, migrating the warehouse", total=None)
         warehouse.migrate(DDL_DIR)
-        workers = [build_worker(name, s) for name in WORKER_GROUPS]
-        sink, sink_worker = build_sink(s, warehouse)
+        workers = [build_worker(name, principal_settings(s, name)) for name in WORKER_GROUPS]
+        sink, sink_worker = build_sink(principal_settings(s, WAREHOUSE), warehouse)
         progress.update(task, description="publishing the sample documents (one through the ingest API)")
-        with serve_api(s, True, 0) as api_url:
+        api = principal_settings(s, API)
+        with serve_api(api, True, 0) as api_url:
             assert api_url is not None
-            published, undecodable = publish_samples(s, skip={VIA_API_NAME})
-            published.append((VIA_API_NAME, _upload_through_api(s, api_url)))
+            published, undecodable = publish_samples(api, skip={VIA_API_NAME})
+            published.append((VIA_API_NAME, _upload_through_api(api, api_url)))
             ids = {doc.document_id for _, doc in published}
             rollups = RollupWait(s, warehouse, analytics, ids, started_ms)
             with sink:  # its flusher outlives the sink's worker: deferred rows settle on shutdown

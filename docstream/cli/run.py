@@ -30,9 +30,11 @@ from consumers.warehouse.store import Warehouse
 from docstream.cli._common import console, local_connection, reports_errors, settings
 from docstream.cli.warehouse import DDL_DIR
 from docstream.errors import BrokerError, ConfigurationError
+from docstream.principals import ADMIN, API, OPS
 from docstream.settings import Settings
-from docstream.topology import ANALYTICS, declared_topics, group_id
+from docstream.topology import ANALYTICS, WAREHOUSE, declared_topics, group_id
 from infra import cluster as local_cluster
+from infra.cluster import principal_settings
 from infra.topics import ensure_topics
 
 
@@ -90,9 +92,9 @@ def up(
     with (
         Warehouse(s.warehouse_url) as warehouse,
         serve_queries(warehouse),
-        analytics_worker(s) as analytics,
-        serve_exporter(s, host="127.0.0.1", port=exporter_port) as exporter,
-        serve_api(s, api, api_port) as api_url,
+        analytics_worker(principal_settings(s, ANALYTICS)) as analytics,
+        serve_exporter(principal_settings(s, OPS), host="127.0.0.1", port=exporter_port) as exporter,
+        serve_api(principal_settings(s, API), api, api_port) as api_url,
     ):
         warehouse.migrate(DDL_DIR)
         if api_url is not None:
@@ -102,8 +104,8 @@ def up(
         if scaling is not None:
             _up_autoscaled(s, scaling, warehouse, analytics, exporter.url)
         else:
-            workers = [build_worker(name, s) for name in WORKER_GROUPS]
-            sink, sink_worker = build_sink(s, warehouse)
+            workers = [build_worker(name, principal_settings(s, name)) for name in WORKER_GROUPS]
+            sink, sink_worker = build_sink(principal_settings(s, WAREHOUSE), warehouse)
             members = [*workers, sink_worker]
             console.print(
                 "up: "
@@ -137,7 +139,7 @@ def prepare(s: Settings) -> None:
     ):
         raise BrokerError("the local broker is not running: start it with `docstream broker start`")
     topics = declared_topics(s.topic_partitions, s.group_prefix)
-    ensure_topics(local_connection(s), topics, replication_factor=s.replication_factor)
+    ensure_topics(local_connection(s, ADMIN), topics, replication_factor=s.replication_factor)
 
 
 def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int | None) -> ScalingConfig:
@@ -162,7 +164,7 @@ def _up_autoscaled(
     level = autoscaler_log.level
     autoscaler_log.setLevel(logging.INFO)
     try:
-        sink, sink_worker = build_sink(s, warehouse)
+        sink, sink_worker = build_sink(principal_settings(s, WAREHOUSE), warehouse)
 
         def started(groups: list[ScaledGroup], log_dir: Path) -> None:
             console.print(
@@ -214,6 +216,7 @@ def worker(
 
     logs.configure(s.log_format, s.log_level, sys.stderr)
     options = WorkerOptions()
+    s = principal_settings(s, name)  # on the local secured cluster: as the group's own principal
     member = build_worker(name, s, options)
     member.install_signal_handlers()
     console.print(f"worker {name}: group {member.group_id}, topics {', '.join(member.topics)}")

@@ -21,6 +21,7 @@ import typer
 
 from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
 from docstream.errors import ConfigurationError
+from docstream.principals import ADMIN
 from docstream.topology import declared_topics
 
 JsonOption = Annotated[bool, typer.Option("--json", help="print the layout as JSON")]
@@ -53,7 +54,7 @@ def spread(
             "shared nothing needs a blob store every process reaches: set DOCSTREAM_BLOB_URL=s3://bucket/prefix"
             " (and DOCSTREAM_S3_ENDPOINT_URL for MinIO), or pass --local-s3 to start moto's S3 server here"
         )
-    ensure_topics(local_connection(s), declared_topics(s.topic_partitions, s.group_prefix))
+    ensure_topics(local_connection(s, ADMIN), declared_topics(s.topic_partitions, s.group_prefix))
     with ExitStack() as stack:
         work = folder or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="docstream-spread-")))
         work.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from docstream.cli._common import console, local_connection, print_json, reports_errors, settings
+from docstream.principals import ADMIN
 from docstream.settings import Settings
 from docstream.topology import declared_topics
 from infra.topics import (
@@ -79,7 +80,7 @@ def describe(
 
 
 def _connection(s: Settings) -> dict[str, Any]:
-    return local_connection(s)
+    return local_connection(s, ADMIN)  # on the local secured cluster: creating topics is admin's
 
 
 def _ensure_table(report: EnsureReport) -> Table:
