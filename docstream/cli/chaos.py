@@ -5,6 +5,9 @@ whole pipeline as processes, publishes the load through the SDK and the HTTP API
 its fault, waits for every group to catch up, and checks: lost, duplicated, unseen, per-key order
 violations, recovery time (`consumers.ops.chaos`, docs/chaos.md). Without a FAULT, every fault
 runs. Exit 1 when a row is not clean; `--json` prints the rows as one document.
+
+`--secure` (chaos, overload, catchup): the cluster is secured (SASL_SSL, SCRAM-SHA-512, TLS,
+StandardAuthorizer), the ACL plan applied, and every process of the run is its own principal.
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ def chaos(
     work: Annotated[Path | None, typer.Option(help="where runs keep their cluster, home and logs")] = None,
     keep: Annotated[bool, typer.Option(help="keep the folder of a clean run too")] = False,
     no_api: Annotated[bool, typer.Option("--no-api", help="publish through the SDK only")] = False,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
+        ),
+    ] = False,
     list_faults: Annotated[bool, typer.Option("--list", help="list the faults and exit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
@@ -65,7 +75,13 @@ def chaos(
         raise ConfigurationError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
     folder = work or Path(tempfile.mkdtemp(prefix="docstream-chaos-"))
     config = RunConfig(
-        documents=documents, duration_s=duration, brokers=brokers, seed=seed, api=not no_api, keep=keep
+        documents=documents,
+        duration_s=duration,
+        brokers=brokers,
+        seed=seed,
+        api=not no_api,
+        keep=keep,
+        secure=secure,
     )
     rows = run_matrix(
         names, folder, config, say=lambda line: console.print(line, markup=False, highlight=False)
@@ -76,7 +92,8 @@ def chaos(
         )
     else:
         table = Table(
-            title=f"chaos: {brokers} broker(s), {documents} documents per run", title_justify="left"
+            title=f"chaos: {brokers} broker(s){', secured' if secure else ''}, {documents} documents per run",
+            title_justify="left",
         )
         for column in (
             "fault",
@@ -116,6 +133,13 @@ def overload(
     probe: Annotated[int, typer.Option(min=10, help="documents of the capacity probe")] = 1200,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 3,
     work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
     """Offer the ingest API FACTOR times the pipeline's measured capacity; report what it shed,
@@ -123,7 +147,12 @@ def overload(
     _ends_cleanly_on_sigterm()
     folder = work or Path(tempfile.mkdtemp(prefix="docstream-overload-"))
     config = OverloadConfig(
-        duration_s=duration, factor=factor, objective_s=objective, probe=probe, brokers=brokers
+        duration_s=duration,
+        factor=factor,
+        objective_s=objective,
+        probe=probe,
+        brokers=brokers,
+        secure=secure,
     )
     report = run_overload(folder, config, say=lambda line: console.print(line, markup=False, highlight=False))
     if as_json:
@@ -161,6 +190,13 @@ def catchup(
     objective: Annotated[float, typer.Option(min=1.0, help="the scaling objective (s)")] = 30.0,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 1,
     work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
     """Stop the OCR group under normal traffic, start it again under the autoscaler; report the
@@ -176,6 +212,7 @@ def catchup(
             probe=probe,
             objective_s=objective,
             brokers=brokers,
+            secure=secure,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc

@@ -25,6 +25,10 @@ document published was completed by OCR.
 Each OCR replica runs one ONNX thread (`DOCSTREAM_OCR__THREADS=1`): onnxruntime otherwise runs
 every page over every core, and on a small machine a second replica would add no throughput
 (docs/tuning.md). The cores still cap the replicas that help: the report gives the machine's.
+
+Secured (`secure`, `docstream catchup --secure`): as a chaos run's (runner.py): each process as its
+own principal, the autoscaler's OCR replicas as `ocr`; the traffic published as `api`; the lag
+samples and the autoscaler's lag reads as `ops`.
 """
 
 from __future__ import annotations
@@ -46,9 +50,10 @@ from consumers.lag.monitor import LagMonitor
 from consumers.lag.plan import PlanInputs, plan
 from consumers.ops.autoscaler import Autoscaler
 from consumers.ops.chaos.checker import query
-from consumers.ops.chaos.pipeline import Pipeline
-from consumers.ops.chaos.runner import prepare_run, started_cluster
+from consumers.ops.chaos.harness import prepare_run, started_cluster
+from consumers.ops.chaos.pipeline import Pipeline, process_environment
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, worker_command
+from docstream.principals import API, OPS
 from docstream.settings import Settings
 from docstream.topology import ANALYTICS, STAGE_NAMES, group_id
 from producers.documents import scanned_pdf
@@ -71,6 +76,7 @@ class CatchUpConfig:
     ocr_threads: int = 1
     brokers: int = 1
     drain_timeout_s: float = 3600.0
+    secure: bool = False  # SASL_SSL + ACLs, every process as its own principal
 
     def __post_init__(self) -> None:
         if not 0 < self.utilisation < 1:
@@ -148,28 +154,31 @@ def predicted_drain(
 def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] = print) -> CatchUpReport:
     folder = work / "catchup"
     shutil.rmtree(folder, ignore_errors=True)
-    cluster = started_cluster(folder / "cluster", config.brokers)
+    cluster = started_cluster(folder / "cluster", config.brokers, secure=config.secure)
     pipeline: Pipeline | None = None
     stop_traffic, stop_sampling, stop_scaler = threading.Event(), threading.Event(), threading.Event()
     threads: list[threading.Thread] = []
     try:
-        env, settings, _ = prepare_run(
+        run = prepare_run(
             cluster,
             folder / "home",
             DOCSTREAM_OCR__THREADS=str(config.ocr_threads),
             DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
         )
-        settings = settings.model_copy(
-            update={"scaling": settings.scaling.model_copy(update={"objective_s": config.objective_s})}
+        settings, reader = (  # the traffic's publisher (api); the lag reads' (ops)
+            s.model_copy(update={"scaling": s.scaling.model_copy(update={"objective_s": config.objective_s})})
+            for s in (run.settings(API), run.settings(OPS))
         )
-        pipeline = Pipeline(env, folder / "logs", names=(*STAGE_NAMES, "sink", ANALYTICS))
+        pipeline = Pipeline(
+            run.env, folder / "logs", names=(*STAGE_NAMES, "sink", ANALYTICS), credentials=run.credentials
+        )
         pipeline.start_all()
         mu = _service_rate(settings, config.probe, say)
         rate = config.utilisation * mu
         say(f"catch-up: one OCR replica does {mu:.3f} documents/s; traffic {rate:.3f}/s from now on")
 
         samples: list[tuple[float, int, int]] = []  # (monotonic, lag, members)
-        sampler = threading.Thread(target=_sample, args=(settings, samples, stop_sampling), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(reader, samples, stop_sampling), daemon=True)
         published: list[str] = []
         traffic = threading.Thread(
             target=_traffic, args=(settings, rate, published, stop_traffic), daemon=True
@@ -188,8 +197,9 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
         restart = time.monotonic()
         backlog = _lag_now(samples)
         say(f"catch-up: {backlog} waiting; starting OCR under the autoscaler (1..{config.max_replicas})")
+        ocr_env = process_environment(run.env, OCR, credentials=run.credentials)  # each replica as `ocr`
         scaler = threading.Thread(
-            target=_autoscale, args=(settings, env, folder / "logs", config, stop_scaler), daemon=True
+            target=_autoscale, args=(reader, ocr_env, folder / "logs", config, stop_scaler), daemon=True
         )
         threads.append(scaler)
         scaler.start()

@@ -31,16 +31,19 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from consumers.ops.chaos.load import Acked
 from consumers.warehouse.query_client import open_for_queries
 from docstream.idempotency import epoch_ms
+from docstream.kafka import clients
+from docstream.kafka.config import connection_config
+from docstream.kafka.ranges import reader_config
 from docstream.settings import Settings
 from docstream.topology import DOC_UPLOADED, STAGES, UPLOAD_EVENT
 from schemas.codec import Codec
@@ -91,12 +94,14 @@ class Row:
 
 
 def read_topic(
-    bootstrap: str, topic: str, timeout: float = 60.0
+    connection: Mapping[str, Any], topic: str, timeout: float = 60.0
 ) -> list[tuple[int, int, bytes | None, bytes]]:
-    """Every record of `topic` (partition, offset, key, value), each partition in offset order."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "docstream.chaos-checker", "enable.auto.commit": False}
-    )
+    """Every record of `topic` (partition, offset, key, value), each partition in offset order.
+
+    A throwaway reader (assign() only, nothing committed) under the name of the operators' results
+    reader: on a secured cluster `connection` is `ops`'s, whose grant covers that reader's group
+    (DESCRIBE: librdkafka looks up its coordinator) and READ on the topics a run reads back."""
+    consumer = clients.consumer(reader_config(connection, "results-reader"))
     try:
         metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
         ends = {}
@@ -153,11 +158,12 @@ class Observed:
 def observe(
     settings: Settings, codec: Codec, *, tenants: Iterable[str], window_s: int, poison: str | None = None
 ) -> Observed:
-    """Read back the topics, the warehouse and the blob store of a run."""
+    """Read back the topics, the warehouse and the blob store of a run; `settings` connect as the
+    run's reader (`ops` on a secured cluster)."""
     tenants = list(tenants)
-    bootstrap, url = settings.bootstrap, settings.warehouse_url
+    connection, url = connection_config(settings), settings.warehouse_url
     events: list[UploadEvent] = []
-    for _, offset, _, value in read_topic(bootstrap, DOC_UPLOADED):
+    for _, offset, _, value in read_topic(connection, DOC_UPLOADED):
         record = codec.decode(UPLOAD_EVENT, value, topic=DOC_UPLOADED)
         if record["tenant"] in tenants and record["document_id"] != poison:
             uploaded_ms = epoch_ms(record["uploaded_at"])
@@ -190,7 +196,7 @@ def observe(
     first: dict[str, dict[tuple[str, str], list[int]]] = {}
     for spec in STAGES:
         seen: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for _, _, _, value in read_topic(bootstrap, spec.result_topic):
+        for _, _, _, value in read_topic(connection, spec.result_topic):
             record = codec.decode(spec.result_event, value, topic=spec.result_topic)
             if record["tenant"] not in tenants or record.get("upload_offset") is None:
                 continue

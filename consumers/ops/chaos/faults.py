@@ -11,6 +11,7 @@ its damage and returns when it is over; the times it struck are added to `stage.
                            moments, each started again at once
     rolling-restart        SIGTERM and restart of every process in turn (stages, sink, analytics, API)
     leader-kill            SIGKILL of the broker leading most upload partitions; started again 10 s later
+                           (the same node: secured again on a secured cluster)
     broker-pause           SIGSTOP of that broker for 30 s, then SIGCONT: partitioned away and back
     warehouse-down         every warehouse insert fails as an unreachable server's does, for 60 s
                            (the switch in docstream.faults): the sink backs off through its retry
@@ -28,11 +29,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from confluent_kafka import Consumer
+from typing import Any
 
 from consumers.ops.chaos.pipeline import Pipeline
 from docstream import faults
+from docstream.kafka import clients
 from docstream.topology import DOC_UPLOADED, STAGE_NAMES
 from infra.broker import LocalBroker
 from infra.cluster import LocalCluster
@@ -60,6 +61,7 @@ class Stage:
     rnd: random.Random
     say: Callable[[str], None]
     switches: Path  # DOCSTREAM_FAULT_SWITCHES of the run's processes
+    connection: dict[str, Any]  # the harness's reads of the cluster (as `ops` on a secured one)
     struck: list[float] = field(default_factory=list)  # time.time() of each blow
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -86,19 +88,18 @@ def random_kills(stage: Stage) -> None:
         time.sleep(stage.rnd.uniform(2.0, 5.0))
 
 
-def _busiest_leader(cluster: LocalCluster) -> int:
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "docstream.chaos-meta"})
-    try:
-        partitions = consumer.list_topics(DOC_UPLOADED, timeout=30).topics[DOC_UPLOADED].partitions
-        leaders = Counter(p.leader for p in partitions.values() if p.leader >= 0)
-    finally:
-        consumer.close()
+def _busiest_leader(connection: dict[str, Any]) -> int:
+    """The broker leading most upload partitions, from the cluster's metadata (an admin client: no
+    group id to be granted; the topic's metadata needs DESCRIBE on it, which `ops` holds)."""
+    admin = clients.admin_client(connection)
+    partitions = admin.list_topics(DOC_UPLOADED, timeout=30).topics[DOC_UPLOADED].partitions
+    leaders = Counter(p.leader for p in partitions.values() if p.leader >= 0)
     return int(leaders.most_common(1)[0][0])
 
 
 def _struck_leader(stage: Stage) -> tuple[int, LocalBroker]:
     """The broker leading most upload partitions, the blow's time recorded."""
-    victim = _busiest_leader(stage.cluster)
+    victim = _busiest_leader(stage.connection)
     with stage.lock:
         stage.struck.append(time.time())
     return victim, stage.cluster.node(victim)

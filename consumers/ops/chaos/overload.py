@@ -18,6 +18,9 @@ last stage's completion: p50, p99, max) against the objective; the largest time 
 reached against 1.5 times the objective. It holds when the client sent at least 90 % of the
 schedule, every request was answered (202 or 429), the API shed (refused > 0), every accepted
 upload completed, and no group's time lag passed 1.5 times the objective.
+
+Secured (`secure`, `docstream overload --secure`): as a chaos run's (runner.py): each process as its
+own principal, the probe published as `api`, the API keys made as `ops`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ import aiohttp
 import requests
 
 from consumers.ops.chaos.checker import query
+from consumers.ops.chaos.harness import prepare_run, started_cluster
 from consumers.ops.chaos.load import TENANTS, text_of
 from consumers.ops.chaos.pipeline import Pipeline, api_keys
-from consumers.ops.chaos.runner import await_api, prepare_run, started_cluster
+from consumers.ops.chaos.runner import await_api
+from docstream.principals import API, OPS
 from docstream.settings import Settings
 from docstream.topology import STAGES
 from producers.publisher import Publisher
@@ -64,6 +69,7 @@ class OverloadConfig:
     probe: int = 1200
     brokers: int = 3
     drain_s: float = 900.0
+    secure: bool = False  # SASL_SSL + ACLs, every process as its own principal
 
 
 @dataclass
@@ -102,10 +108,10 @@ class OverloadReport:
 def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] = print) -> OverloadReport:
     folder = work / "overload"
     shutil.rmtree(folder, ignore_errors=True)
-    cluster = started_cluster(folder / "cluster", config.brokers)
+    cluster = started_cluster(folder / "cluster", config.brokers, secure=config.secure)
     pipeline: Pipeline | None = None
     try:
-        env, settings, api_port = prepare_run(
+        run = prepare_run(
             cluster,
             folder / "home",
             DOCSTREAM_API__OBJECTIVE_S=f"{config.objective_s:g}",
@@ -113,10 +119,11 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             DOCSTREAM_API__QUOTA_BURST="10000",
             DOCSTREAM_SCALING__OBJECTIVE_S=f"{config.objective_s:g}",
         )
-        keys = api_keys(env, TENANTS)
-        pipeline = Pipeline(env, folder / "logs", nice=CONSUMERS_NICE)
+        settings = run.settings(API)  # the probe's publisher; the drain reads the warehouse only
+        keys = api_keys(run.env_as(OPS), TENANTS)
+        pipeline = Pipeline(run.env, folder / "logs", nice=CONSUMERS_NICE, credentials=run.credentials)
         pipeline.start_all()
-        url = f"http://127.0.0.1:{api_port}"
+        url = f"http://127.0.0.1:{run.api_port}"
         await_api(url, pipeline)
         capacity = _capacity(settings, config.probe, say)
         offered = config.factor * capacity

@@ -1,6 +1,13 @@
 """The pipeline of a chaos run as processes a supervisor would run: each stage worker, the
 warehouse sink, the analytics worker and the ingest API, each one killable, stoppable and
-restartable, its output appended to `<logs>/<name>.log`."""
+restartable, its output appended to `<logs>/<name>.log`.
+
+On a secured cluster (`docstream chaos --secure`) every process authenticates as its own principal
+(docstream.principals): a declared group's process as that group's (the stage workers and analytics
+by their group's name, the sink as `warehouse`), the API as `api` (`principal_of`). Its environment
+carries that principal's client settings and none of the parent's Kafka security variables
+(`as_principal`), at every start, restarts included.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from docstream import faults
-from docstream.topology import ANALYTICS, STAGE_NAMES
+from docstream.kafka.config import SECURITY_SETTINGS
+from docstream.principals import API, GROUP_PRINCIPALS
+from docstream.topology import ANALYTICS, STAGE_NAMES, WAREHOUSE
 
 DOCSTREAM = [sys.executable, "-c", "from docstream.cli import main; main()"]
 COMMANDS: dict[str, list[str]] = {
@@ -24,6 +33,59 @@ COMMANDS: dict[str, list[str]] = {
     ANALYTICS: [sys.executable, "-m", "consumers.analytics", "worker", "--without-web", "-l", "info"],
     "api": [*DOCSTREAM, "api", "serve"],
 }
+SINK = "sink"  # the command of the warehouse group (docstream.topology.WAREHOUSE)
+GROUP_OF_COMMAND = {SINK: WAREHOUSE}  # a command named otherwise than the group it runs
+
+
+def principal_of(kind: str) -> str:
+    """The principal a process running `COMMANDS[kind]` authenticates as on a secured cluster: a
+    declared group's process as that group's principal (docstream.principals has one per group of
+    docstream.topology.GROUPS: each stage, analytics, and `warehouse` for the sink), the ingest API
+    as `api`. A ValueError for a command that is neither."""
+    group = GROUP_OF_COMMAND.get(kind, kind)
+    if group in GROUP_PRINCIPALS:
+        return group
+    if kind == "api":
+        return API
+    raise ValueError(f"no principal for the process kind {kind!r}: add it to principal_of")
+
+
+PRINCIPAL_OF: dict[str, str] = {kind: principal_of(kind) for kind in COMMANDS}
+"""What each command runs as on a secured cluster (every command has one: checked at import)."""
+
+
+def security_variables(fields: Sequence[str] = SECURITY_SETTINGS) -> frozenset[str]:
+    """Both environment variables of each Settings field in `fields`: KAFKA_<F> and DOCSTREAM_<F>
+    (docstream.settings takes either; the KAFKA_ alias wins when both are set)."""
+    return frozenset(f"{prefix}_{field.upper()}" for field in fields for prefix in ("KAFKA", "DOCSTREAM"))
+
+
+def as_principal(env: Mapping[str, str], credentials: Mapping[str, str]) -> dict[str, str]:
+    """`env` (a child's environment) as the principal whose client settings are `credentials`
+    (DOCSTREAM_* variables: `LocalCluster.client_settings(user)`; empty: no credentials, a plain
+    cluster): every KAFKA_ / DOCSTREAM_ security variable of `env`, and both names of each setting
+    `credentials` gives, dropped first (a KAFKA_SASL_USERNAME left behind would win over
+    DOCSTREAM_SASL_USERNAME: docstream.kafka.config.with_security), then `credentials` set."""
+    given = [name.removeprefix("DOCSTREAM_").lower() for name in credentials]
+    dropped = security_variables((*SECURITY_SETTINGS, *given))
+    out = {name: value for name, value in env.items() if name.upper() not in dropped}
+    out.update(credentials)
+    return out
+
+
+def process_environment(
+    base: Mapping[str, str],
+    kind: str,
+    extra: Mapping[str, str] | None = None,
+    credentials: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, str]:
+    """The environment of a process running `COMMANDS[kind]`: `base`, what `extra` adds (a home of
+    its own), and on a secured cluster (`credentials`: principal -> client settings) its own
+    principal's credentials (`principal_of`) in place of any security variable of the others."""
+    env = {**base, **(extra or {})}
+    if credentials:
+        env = as_principal(env, credentials[principal_of(kind)])
+    return env
 
 
 def verify_rollups(env: dict[str, str], timeout: float = 180) -> tuple[bool, dict[str, object]]:
@@ -61,6 +123,9 @@ class Pipeline:
     # environment adds (a home of its own: consumers.ops.spread).
     kinds: dict[str, str] = field(default_factory=dict)
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # On a secured cluster: principal -> its client settings (LocalCluster.client_settings); each
+    # process runs as its own (`process_environment`). Empty: a plain cluster.
+    credentials: dict[str, dict[str, str]] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     ended: dict[str, list[int]] = field(default_factory=dict)  # exit codes seen, per process
@@ -85,12 +150,12 @@ class Pipeline:
                 self._start(name, fault)
 
     def _start(self, name: str, fault: str | None) -> None:
-        env = {**self.env, **self.envs.get(name, {})}
+        kind = self.kinds.get(name, name)
+        env = process_environment(self.env, kind, self.envs.get(name), self.credentials)
         env.pop(faults.ENV, None)
         if fault is not None:
             env[faults.ENV] = fault
         self.logs.mkdir(parents=True, exist_ok=True)
-        kind = self.kinds.get(name, name)
         command = COMMANDS[kind]
         if self.nice and kind != "api":
             command = ["nice", "-n", str(self.nice), *command]
@@ -164,9 +229,11 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
-def environment(base: dict[str, str], **settings: str) -> dict[str, str]:
-    """The processes' environment: the caller's, without a cluster of its own, plus `settings`."""
-    env = {k: v for k, v in base.items() if k != faults.ENV}
+def environment(base: Mapping[str, str], **settings: str) -> dict[str, str]:
+    """The processes' environment: the caller's, without a cluster of its own (no fault armed, no
+    Kafka security variable: the run's cluster is plain, or each process gets its principal's),
+    plus `settings`."""
+    env = {k: v for k, v in as_principal(base, {}).items() if k != faults.ENV}
     env.update(settings)
     env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[3]))
     return env

@@ -9,13 +9,21 @@ pipeline, runs `docstream analytics --verify`, and hands everything to the check
 Recovery time: seconds from the first blow until the last result of an upload acknowledged before
 it reached the warehouse (`stage_results`: `upload_at` before the blow, the newest `inserted_at`;
 a redelivered completion is inserted again): the work in flight at the fault, done again.
+
+Secured (`RunConfig.secure`, `docstream chaos --secure`): the cluster listens on SASL_SSL only
+(SCRAM-SHA-512, TLS verified against its own CA, KRaft's StandardAuthorizer); the harness creates
+the topics and applies `docstream.acls.plan` as `admin` (`prepare_run`); each process runs as its
+own principal (pipeline.py); the load publishes as `api` (the plan lets `api` and `ops` write
+doc.uploaded: the load stands for the uploading clients, whose door is the ingest API's grant); the
+harness's reads (the checker's topic reads, the lag reads, the fault's leader lookup) and the
+operator's commands it runs (`api keys create`, `analytics --verify`) are `ops`'s, the operators'
+principal: least privilege holds for the harness too, `admin` only administers.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import os
 import random
 import shutil
 import threading
@@ -30,10 +38,12 @@ import requests
 from consumers.lag.reader import offset_lag
 from consumers.ops.chaos.checker import Row, isolated, judge, observe, pace, query
 from consumers.ops.chaos.faults import FAULTS, Stage
+from consumers.ops.chaos.harness import PreparedRun, prepare_run, started_cluster
 from consumers.ops.chaos.load import TENANTS, Load
-from consumers.ops.chaos.pipeline import Pipeline, api_keys, environment, verify_rollups
-from docstream.errors import BrokerError, DocstreamError
+from consumers.ops.chaos.pipeline import Pipeline, api_keys, verify_rollups
+from docstream.errors import DocstreamError
 from docstream.kafka.config import connection_config
+from docstream.principals import API, OPS
 from docstream.settings import Settings
 from docstream.topology import (
     ANALYTICS,
@@ -42,16 +52,11 @@ from docstream.topology import (
     STAGE_NAMES,
     STAGES,
     WAREHOUSE,
-    declared_topics,
     group_id,
 )
-from infra.broker import free_port
-from infra.cluster import LocalCluster, free_port_run
-from infra.topics import ensure_topics
 from schemas.codec import make_codec
 
 WINDOW_S = 10
-PARTITIONS = 3
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class RunConfig:
     catch_up_s: float = 300.0
     api: bool = True
     keep: bool = False  # keep the run's folder (logs, home, cluster) when it is clean too
+    secure: bool = False  # SASL_SSL + ACLs, every process as its own principal (module docstring)
 
 
 def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], None] = print) -> Row:
@@ -71,12 +77,13 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
     rnd = random.Random(f"{seed}:{name}")
     folder = work / name
     shutil.rmtree(folder, ignore_errors=True)
-    cluster = started_cluster(folder / "cluster", config.brokers)
-    say(f"[{name}] seed {seed}: {config.brokers} broker(s) on {cluster.bootstrap}")
+    cluster = started_cluster(folder / "cluster", config.brokers, secure=config.secure)
+    secured = " secured (SASL_SSL, ACLs)" if config.secure else ""
+    say(f"[{name}] seed {seed}: {config.brokers} broker(s){secured} on {cluster.bootstrap}")
     pipeline: Pipeline | None = None
     stop = threading.Event()  # ends the supervisor
     try:
-        env, settings, api_port = prepare_run(
+        run = prepare_run(
             cluster,
             folder / "home",
             DOCSTREAM_RUNTIME__SESSION_TIMEOUT_MS="6000",
@@ -91,17 +98,25 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             **dict(fault.env),
         )
         (folder / "switches").mkdir(parents=True, exist_ok=True)
-        keys = api_keys(env, TENANTS) if config.api else {}
+        publisher, reader = run.settings(API), run.settings(OPS)
+        keys = api_keys(run.env_as(OPS), TENANTS) if config.api else {}
         names = tuple(n for n in (*STAGE_NAMES, "sink", ANALYTICS, "api") if config.api or n != "api")
-        pipeline = Pipeline(env, folder / "logs", names=names)
+        pipeline = Pipeline(run.env, folder / "logs", names=names, credentials=run.credentials)
         armed = fault.armed(rnd)
         pipeline.start_all(armed)
         for worker, value in armed.items():
             say(f"[{name}] {worker} armed: {value}")
-        api_url = f"http://127.0.0.1:{api_port}" if config.api else None
+        api_url = f"http://127.0.0.1:{run.api_port}" if config.api else None
         if api_url is not None:
             await_api(api_url, pipeline)
-        stage = Stage(pipeline, cluster, rnd, lambda line: say(f"[{name}] {line}"), folder / "switches")
+        stage = Stage(
+            pipeline,
+            cluster,
+            rnd,
+            lambda line: say(f"[{name}] {line}"),
+            folder / "switches",
+            connection_config(reader),
+        )
         supervisor = threading.Thread(target=_supervise, args=(stage, stop, bool(armed)), daemon=True)
         supervisor.start()
         striker = None
@@ -109,7 +124,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
             delay = rnd.uniform(0.2, 0.4) * config.duration_s
             striker = threading.Thread(target=_strike, args=(fault.inject, stage, delay), daemon=True)
             striker.start()
-        load = Load(settings, name, config.documents, config.duration_s, rnd, api_url=api_url, api_keys=keys)
+        load = Load(publisher, name, config.documents, config.duration_s, rnd, api_url=api_url, api_keys=keys)
         acked = load.run_all()
         say(f"[{name}] {len(acked)} uploads acknowledged, {len(load.refused)} refused")
         if striker is not None:
@@ -117,7 +132,7 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         (folder / "acked.jsonl").write_text("".join(json.dumps(a.as_dict()) + "\n" for a in acked))
         groups = [group_id(g) for g in (*STAGE_NAMES, ANALYTICS)]
         caught_up_s = _await_results(
-            settings,
+            reader,
             acked,
             config.catch_up_s,
             load.poison_id,
@@ -127,12 +142,12 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         stop.set()
         supervisor.join()
         say(f"[{name}] caught up after {caught_up_s:.0f} s")
-        recovery = _recovery_s(settings, stage.struck)
-        paces = pace(settings.warehouse_url, TENANTS)
+        recovery = _recovery_s(reader, stage.struck)
+        paces = pace(reader.warehouse_url, TENANTS)
         pipeline.stop()
-        verified, _ = verify_rollups(env)
+        verified, _ = verify_rollups(run.env_as(OPS))
         observed = observe(
-            settings, make_codec(None), tenants=TENANTS, window_s=WINDOW_S, poison=load.poison_id
+            reader, make_codec(None), tenants=TENANTS, window_s=WINDOW_S, poison=load.poison_id
         )
         row = judge(
             name,
@@ -164,45 +179,6 @@ def run_fault(name: str, work: Path, config: RunConfig, say: Callable[[str], Non
         # and its futures) would go on reconnecting to the stopped brokers, a log line a second
         # through the next row, until the garbage collector came round to it: released now.
         gc.collect()
-
-
-def prepare_run(cluster: LocalCluster, home: Path, **settings: str) -> tuple[dict[str, str], Settings, int]:
-    """docstream's topics on the run's cluster, and what its processes run with: their environment
-    (the cluster, `home`, the API on a free loopback port, CPU OCR, plus `settings`), the same as
-    `Settings`, and the API's port."""
-    ensure_topics({"bootstrap.servers": cluster.bootstrap}, declared_topics(PARTITIONS))
-    api_port = free_port()
-    env = environment(
-        dict(os.environ),
-        KAFKA_BOOTSTRAP_SERVERS=cluster.bootstrap,
-        DOCSTREAM_HOME=str(home),
-        DOCSTREAM_TOPIC_PARTITIONS=str(PARTITIONS),
-        DOCSTREAM_OCR__PROVIDERS='["CPUExecutionProvider"]',
-        DOCSTREAM_API__PORT=str(api_port),
-        DOCSTREAM_API__HOST="127.0.0.1",
-        **settings,
-    )
-    return (
-        env,
-        Settings(bootstrap_servers=cluster.bootstrap, home=home, topic_partitions=PARTITIONS),
-        api_port,
-    )
-
-
-def started_cluster(folder: Path, brokers: int, attempts: int = 3) -> LocalCluster:
-    """A started cluster on free ports; on other ports again when a port was taken meanwhile."""
-    for attempt in range(1, attempts + 1):
-        base = free_port_run(2 * brokers)
-        cluster = LocalCluster(folder, brokers=brokers, broker_port=base, controller_port=base + 1)
-        try:
-            cluster.start(timeout=120)
-            return cluster
-        except BrokerError:
-            cluster.stop(timeout=10)
-            shutil.rmtree(folder, ignore_errors=True)
-            if attempt == attempts:
-                raise
-    raise AssertionError("unreachable")
 
 
 def await_api(url: str, pipeline: Pipeline, timeout: float = 90) -> None:
@@ -355,4 +331,4 @@ def run_matrix(
     return rows
 
 
-__all__ = ["FAULTS", "Row", "RunConfig", "run_fault", "run_matrix"]
+__all__ = ["FAULTS", "PreparedRun", "Row", "RunConfig", "prepare_run", "run_fault", "run_matrix"]
