@@ -38,6 +38,8 @@ class Record:
 
 
 READ_BACK_TIMEOUT_S = 30.0
+LOOKUP_ATTEMPTS = 5  # at an assignment, about 4 s of retries while leadership settles
+LOOKUP_PAUSE_S = 1.0
 
 
 def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int], handed: int) -> None:
@@ -104,10 +106,14 @@ class Positions:
         self._reader: Any = None
         self._offsets: Any = None  # asks the broker for the group's committed offsets, never joins
         self._starts: dict[tuple[str, int], int] = {}  # where the client started, at the assignment
+        self._unknown: set[tuple[str, int]] = (
+            set()
+        )  # assigned, but the lookup failed: ask at the first record
 
     def forget(self) -> None:
         self._next.clear()
         self._starts.clear()
+        self._unknown.clear()
 
     async def assigned(self, partitions: Iterable[tuple[str, int]]) -> None:
         """On an assignment: where the group's client starts each source partition
@@ -118,12 +124,26 @@ class Positions:
         if not where:
             return
         began = time.monotonic()
-        try:
-            starts = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
-        except Exception as exc:  # the broker away: the first records are taken as they come
-            logger.warning("could not look up where the group starts %d partitions: %s", len(where), exc)
-            return
+        for attempt in range(1, LOOKUP_ATTEMPTS + 1):
+            try:
+                starts = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
+                break
+            except Exception as exc:  # leadership moving after a broker came back, or the broker away
+                if attempt == LOOKUP_ATTEMPTS:
+                    # Looked up again at each partition's first record (`skipped`): without it a hole
+                    # faust leaves at the start of a partition the group never committed goes unseen
+                    # (seen in a broker-pause run: NOT_LEADER_FOR_PARTITION here, completions lost).
+                    logger.warning(
+                        "could not look up where the group starts %d partitions: %s; looking each up"
+                        " at its first record",
+                        len(where),
+                        exc,
+                    )
+                    self._unknown.update(where)
+                    return
+                await asyncio.sleep(LOOKUP_PAUSE_S)
         self._starts.update(starts)
+        self._unknown.difference_update(where)
         took = time.monotonic() - began
         if took > 1.0:  # it holds the rebalance: say so when it is slow
             logger.warning("looked up where the group starts %d partitions in %.1f s", len(where), took)
@@ -139,6 +159,12 @@ class Positions:
             start = self._committed(record.topic, record.partition)
         if start is None:  # faust keeps none: where the group's client started (`assigned`)
             start = self._starts.get((record.topic, record.partition))
+        if start is None and (record.topic, record.partition) in self._unknown:  # `assigned` could not
+            where = [(record.topic, record.partition)]
+            found = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
+            self._unknown.discard(where[0])
+            self._starts.update(found)
+            start = found.get(where[0])
         if start is None or record.offset <= start:
             return []  # not looked up (the broker was away at the assignment), or no hole
         logger.warning(
