@@ -36,11 +36,11 @@ from consumers.ops.launcher import ProcessLauncher, ScaledGroup, settings_enviro
 from consumers.runtime import Worker
 from consumers.warehouse.sink import WarehouseSink
 from consumers.warehouse.store import Warehouse
-from docstream.errors import ConfigurationError, DocstreamError
+from docstream.errors import ConfigurationError, DecodeError, DocstreamError
 from docstream.kafka.config import connection_config
 from docstream.kafka.ranges import read_topic
 from docstream.settings import Settings
-from docstream.topology import STAGE_NAMES, STAGES, group_id
+from docstream.topology import STAGE_NAMES, STAGES, StageSpec, group_id
 from schemas.codec import make_codec
 
 Say = Callable[[str], None]  # where progress goes (a progress bar's description, a log line)
@@ -165,17 +165,19 @@ def run_until_caught_up(
 
 
 def stage_results(settings: Settings, document_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
-    """Stage name -> the completion events on its result topic of the documents `document_ids`."""
+    """Stage name -> the completion events on its result topic of the documents `document_ids`
+    (a record that is no event of the topic's type belongs to none of them: passed over)."""
     codec, connection = make_codec(settings.schema_registry_url), connection_config(settings)
+
+    def events(spec: StageSpec) -> Iterator[dict[str, Any]]:
+        for m in read_topic(connection, spec.result_topic, "results-reader"):
+            try:
+                yield codec.decode(spec.result_event, m.value() or b"", topic=spec.result_topic)
+            except DecodeError:
+                continue
+
     return {
-        spec.name: [
-            event
-            for event in (
-                codec.decode(spec.result_event, m.value() or b"", topic=spec.result_topic)
-                for m in read_topic(connection, spec.result_topic, "results-reader")
-            )
-            if event["document_id"] in document_ids
-        ]
+        spec.name: [event for event in events(spec) if event["document_id"] in document_ids]
         for spec in STAGES
     }
 

@@ -75,8 +75,11 @@ def test_every_group_completes_the_samples_on_the_secured_broker_each_as_its_own
         results = stage_results(ops, ids)
         for name in STAGE_NAMES:
             assert {event["document_id"] for event in results[name]} == ids, name
-        for name in WORKER_GROUPS:  # only the run's undecodable event: nothing refused, nothing lost
-            assert set(dead_letter_reasons(ops, group_id(name, prefix))) <= {undecodable}, name
+        for name in WORKER_GROUPS:  # the run's undecodable event, none of its documents, no refusal
+            # (the session's secured broker is shared: other tests' records are on the same topics)
+            reasons = dead_letter_reasons(ops, group_id(name, prefix))
+            assert undecodable in reasons and not ids & set(reasons), (name, reasons)
+            assert not [r for r in reasons.values() if "AUTHORIZATION" in r or "uthentication" in r], reasons
         rolled = await_rollups(warehouse, analytics.check, started_ms, len(ids))
         verification = verify(warehouse)
         status = requests.get(f"{api_url}/v1/documents/{via_api}", headers=keys["globex"], timeout=10).json()
