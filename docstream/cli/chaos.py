@@ -35,6 +35,15 @@ def _ends_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
+SecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--secure",
+        help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="chaos")(chaos)
     app.command(name="overload")(overload)
@@ -53,13 +62,7 @@ def chaos(
     work: Annotated[Path | None, typer.Option(help="where runs keep their cluster, home and logs")] = None,
     keep: Annotated[bool, typer.Option(help="keep the folder of a clean run too")] = False,
     no_api: Annotated[bool, typer.Option("--no-api", help="publish through the SDK only")] = False,
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure",
-            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
-        ),
-    ] = False,
+    secure: SecureOption = False,
     list_faults: Annotated[bool, typer.Option("--list", help="list the faults and exit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
@@ -133,13 +136,7 @@ def overload(
     probe: Annotated[int, typer.Option(min=10, help="documents of the capacity probe")] = 1200,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 3,
     work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure",
-            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
-        ),
-    ] = False,
+    secure: SecureOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
     """Offer the ingest API FACTOR times the pipeline's measured capacity; report what it shed,
@@ -190,13 +187,7 @@ def catchup(
     objective: Annotated[float, typer.Option(min=1.0, help="the scaling objective (s)")] = 30.0,
     brokers: Annotated[int, typer.Option(min=1, max=9, help="brokers in the cluster")] = 1,
     work: Annotated[Path | None, typer.Option(help="where the run keeps its cluster, home and logs")] = None,
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure",
-            help="a secured cluster (SASL_SSL, SCRAM, the ACL plan); every process as its own principal",
-        ),
-    ] = False,
+    secure: SecureOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document to stdout")] = False,
 ) -> None:
     """Stop the OCR group under normal traffic, start it again under the autoscaler; report the
