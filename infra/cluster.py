@@ -43,7 +43,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # no __all__
 
 from docstream.errors import BrokerError
 from docstream.kafka import clients
-from docstream.kafka.config import SECURITY_SETTINGS
 from docstream.kafka.errors import translated
 from docstream.principals import ADMIN
 from docstream.settings import CLUSTER_FILE, Settings, local_bootstrap
@@ -372,9 +371,5 @@ def principal_settings(settings: Settings, user: str) -> Settings:
     if cluster.nodes[0].formatted_as() != SECURE:
         return settings
     given = cluster.client_settings(user)
-    fields = {
-        field: given[tls.env_name(field)]
-        for field in ("bootstrap_servers", *SECURITY_SETTINGS)
-        if tls.env_name(field) in given
-    }
+    fields = {field: given[tls.env_name(field)] for field in tls.CLIENT_FIELDS}
     return Settings.model_validate({**settings.model_dump(exclude=set(fields)), **fields})

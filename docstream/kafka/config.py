@@ -7,6 +7,7 @@ process are `watched`: their logs and errors go to a `ConnectionWatch` instead o
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from docstream.kafka.connection import ConnectionWatch
@@ -89,15 +90,24 @@ SECURITY_SETTINGS = (  # Settings field -> its environment variable, DOCSTREAM_<
 )
 
 
+def security_variables(fields: Sequence[str] = SECURITY_SETTINGS) -> frozenset[str]:
+    """Both environment variables of each Settings field in `fields`: KAFKA_<F> and DOCSTREAM_<F>
+    (docstream.settings takes either; the KAFKA_ alias wins when both are set)."""
+    return frozenset(f"{prefix}_{field.upper()}" for field in fields for prefix in ("KAFKA", "DOCSTREAM"))
+
+
+def without_security(env: Mapping[str, str], fields: Sequence[str] = SECURITY_SETTINGS) -> dict[str, str]:
+    """`env` (a child process's environment) without any variable of the security `fields`, under
+    either name: what is written over it next cannot lose to a KAFKA_ alias left behind."""
+    dropped = security_variables(fields)
+    return {name: value for name, value in env.items() if name.upper() not in dropped}
+
+
 def with_security(env: dict[str, str], settings: Settings) -> dict[str, str]:
     """`env` (a child process's environment) with the settings' Kafka security written over it:
     every KAFKA_ / DOCSTREAM_ security variable it had is dropped (a KAFKA_ alias would win over
     ours), and those `settings` has are set, so that the child connects as `settings` does."""
-    out = {
-        name: value
-        for name, value in env.items()
-        if not any(name in (f"KAFKA_{f.upper()}", f"DOCSTREAM_{f.upper()}") for f in SECURITY_SETTINGS)
-    }
+    out = without_security(env)
     for field in SECURITY_SETTINGS:
         value = getattr(settings, field)
         if value is not None:

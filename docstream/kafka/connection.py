@@ -131,11 +131,12 @@ class ConnectionWatch:
     def refused(self, error: KafkaError, fix: str) -> None:
         """The cluster answered and refused this principal (a consumer's error event: no ACL for
         its group or topic). Logged once, at ERROR, with what to fix, until `accepted`."""
+        why = f"{error.str()} ({error.name()}); {fix}"
         with self._lock:
             if self._refused is not None:
                 return
-            self._refused = (self._clock(), f"{error.str()} ({error.name()}); {fix}")
-        log.error("%s: refused by the Kafka cluster: %s", self.name, self._refused[1])
+            self._refused = (self._clock(), why)
+        log.error("%s: refused by the Kafka cluster: %s", self.name, why)
 
     def accepted(self) -> None:
         """The refused work goes through again (a message consumed): logged once, at INFO."""

@@ -59,24 +59,6 @@ TRANSIENT_CODES = LEADERSHIP_MOVING | frozenset(
     }
 )
 
-CONFIG_CODES = frozenset(
-    {
-        ConfluentKafkaError._AUTHENTICATION,
-        ConfluentKafkaError.SASL_AUTHENTICATION_FAILED,
-        ConfluentKafkaError.UNSUPPORTED_SASL_MECHANISM,
-        ConfluentKafkaError.ILLEGAL_SASL_STATE,
-        ConfluentKafkaError._SSL,
-        ConfluentKafkaError.TOPIC_AUTHORIZATION_FAILED,
-        ConfluentKafkaError.GROUP_AUTHORIZATION_FAILED,
-        ConfluentKafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        ConfluentKafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-        ConfluentKafkaError._INVALID_ARG,
-        ConfluentKafkaError._INVALID_TYPE,
-        ConfluentKafkaError.INVALID_CONFIG,
-    }
-)
-
-
 AUTHENTICATION_CODES = frozenset(
     {
         ConfluentKafkaError._AUTHENTICATION,
@@ -92,6 +74,18 @@ AUTHORIZATION_CODES = frozenset(
         ConfluentKafkaError.CLUSTER_AUTHORIZATION_FAILED,
         ConfluentKafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
+)
+CONFIG_CODES = (
+    AUTHENTICATION_CODES
+    | AUTHORIZATION_CODES
+    | frozenset(
+        {
+            ConfluentKafkaError._SSL,
+            ConfluentKafkaError._INVALID_ARG,
+            ConfluentKafkaError._INVALID_TYPE,
+            ConfluentKafkaError.INVALID_CONFIG,
+        }
+    )
 )
 
 

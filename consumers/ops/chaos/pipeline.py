@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from docstream import faults
-from docstream.kafka.config import SECURITY_SETTINGS
+from docstream.kafka.config import SECURITY_SETTINGS, without_security
 from docstream.principals import API, GROUP_PRINCIPALS
 from docstream.topology import ANALYTICS, STAGE_NAMES, WAREHOUSE
 
@@ -54,12 +54,6 @@ PRINCIPAL_OF: dict[str, str] = {kind: principal_of(kind) for kind in COMMANDS}
 """What each command runs as on a secured cluster (every command has one: checked at import)."""
 
 
-def security_variables(fields: Sequence[str] = SECURITY_SETTINGS) -> frozenset[str]:
-    """Both environment variables of each Settings field in `fields`: KAFKA_<F> and DOCSTREAM_<F>
-    (docstream.settings takes either; the KAFKA_ alias wins when both are set)."""
-    return frozenset(f"{prefix}_{field.upper()}" for field in fields for prefix in ("KAFKA", "DOCSTREAM"))
-
-
 def as_principal(env: Mapping[str, str], credentials: Mapping[str, str]) -> dict[str, str]:
     """`env` (a child's environment) as the principal whose client settings are `credentials`
     (DOCSTREAM_* variables: `LocalCluster.client_settings(user)`; empty: no credentials, a plain
@@ -67,8 +61,7 @@ def as_principal(env: Mapping[str, str], credentials: Mapping[str, str]) -> dict
     `credentials` gives, dropped first (a KAFKA_SASL_USERNAME left behind would win over
     DOCSTREAM_SASL_USERNAME: docstream.kafka.config.with_security), then `credentials` set."""
     given = [name.removeprefix("DOCSTREAM_").lower() for name in credentials]
-    dropped = security_variables((*SECURITY_SETTINGS, *given))
-    out = {name: value for name, value in env.items() if name.upper() not in dropped}
+    out = without_security(env, (*SECURITY_SETTINGS, *given))
     out.update(credentials)
     return out
 
