@@ -76,8 +76,9 @@ def side_by_side(workers: list[Worker], wait: Callable[[threading.Event], None])
 
 
 class RollupWait:
-    """Until the 1-minute windows of a run are closed and in the warehouse: every published
-    document counted, and every stage's completions of them (read from the result topics)."""
+    """Until the smallest windows of a run (1 minute by default: `analytics.window_sizes_ms`) are
+    closed and in the warehouse: every published document counted, and every stage's completions
+    of them (read from the result topics)."""
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class RollupWait:
         self.ids, self.started_ms = document_ids, started_ms
         self.expected: dict[str, int] | None = None
         self.closes_at_ms = 0
+        self.window_ms = min(settings.analytics.window_sizes_ms)
 
     def done(self) -> tuple[bool, str]:
         """(finished, what is awaited); call once the worker groups have caught up."""
@@ -103,9 +105,11 @@ class RollupWait:
                     {(e["document_id"], e["idempotency_key"]) for e in events}
                 )
             now_ms = int(time.time() * 1000)
-            self.closes_at_ms = now_ms - now_ms % 60_000 + 60_000 + self.s.analytics.grace_ms
+            window = self.window_ms
+            self.closes_at_ms = now_ms - now_ms % window + window + self.s.analytics.grace_ms
         _, rows = self.warehouse.query(
-            rollup_totals_sql(), {"since": self.started_ms - self.started_ms % 60_000}
+            rollup_totals_sql(self.window_ms // 1000),
+            {"since": self.started_ms - self.started_ms % self.window_ms},
         )
         totals = dict(zip(self.expected, rows[0], strict=True)) if rows else {}
         missing = {k: v for k, v in self.expected.items() if int(totals.get(k) or 0) < v}
@@ -113,19 +117,23 @@ class RollupWait:
             return True, ""
         wait_s = max(0, (self.closes_at_ms - int(time.time() * 1000)) // 1000)
         return False, (
-            f"analytics: closing the 1-minute windows (about {wait_s} s: window end + "
+            f"analytics: closing the {_window_name(self.window_ms)} windows (about {wait_s} s: window end + "
             f"{self.s.analytics.grace_ms / 1000:g} s grace)"
         )
 
 
-def rollup_totals_sql() -> str:
-    """Documents and each stage's completions in the current 1-minute rollups since {since}, in
-    the order of `RollupWait.expected` (documents, then the declared stages)."""
+def _window_name(window_ms: int) -> str:
+    return "1-minute" if window_ms == 60_000 else f"{window_ms / 1000:g}-second"
+
+
+def rollup_totals_sql(window_s: int = 60) -> str:
+    """Documents and each stage's completions in the current rollups of `window_s` windows since
+    {since}, in the order of `RollupWait.expected` (documents, then the declared stages)."""
     counts = "".join(
         f", sum(JSONExtractUInt(sketch, '{name}', 'count'))" for name in STAGE_NAMES
     )  # every stage's sketch is in the sketch JSON, with or without columns of its own
     return (
-        f"SELECT sum(documents){counts} FROM docstream.current_rollups WHERE window_size_s = 60 "
+        f"SELECT sum(documents){counts} FROM docstream.current_rollups WHERE window_size_s = {int(window_s)} "
         "AND window_start >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')"
     )
 

@@ -22,7 +22,7 @@ from consumers.analytics.process import analytics_worker
 from consumers.analytics.verify import verify
 from consumers.groups import WORKER_GROUPS, build_sink, build_worker
 from consumers.ops import acls as cluster_acls
-from consumers.ops.pipeline import dead_letter_reasons, run_until_caught_up, stage_results
+from consumers.ops.pipeline import RollupWait, dead_letter_reasons, run_until_caught_up, stage_results
 from consumers.warehouse.store import Warehouse
 from docstream import acls
 from docstream.api.keys import KeyStore
@@ -70,8 +70,9 @@ def test_every_group_completes_the_samples_on_the_secured_broker_each_as_its_own
         via_api = upload_through_api(api, api_url, keys)
         ids = {doc.document_id for _, doc in published} | {via_api}
         ops = as_user(OPS)
+        rollups = RollupWait(ops, warehouse, analytics, ids, started_ms)  # the sink runs until they land
         with sink:
-            run_until_caught_up(ops, [*workers, sink_worker], 300, lambda _: None)
+            run_until_caught_up(ops, [*workers, sink_worker], 300, lambda _: None, rollups)
         results = stage_results(ops, ids)
         for name in STAGE_NAMES:
             assert {event["document_id"] for event in results[name]} == ids, name
