@@ -50,7 +50,8 @@ def warehouse(tmp_path: Path) -> Iterator[Warehouse]:
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:
-    return (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
+    normed: np.ndarray = (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
+    return normed
 
 
 def near(centre: int, count: int, spread: float = 1.0) -> np.ndarray:
