@@ -13,13 +13,15 @@ Two ways to the same answer:
   in SQL. It is the definition, and the check of the other.
 - the default: the index. Chunks copied by a round (consumers.warehouse.vector_index) are in
   `docstream.chunk_index` with ClickHouse's HNSW index, partitioned by a hash of the tenant;
-  chunks inserted since the last round are read exactly from `docstream.chunks`. Each gives its
+  chunks inserted since the last round are read exactly from `docstream.chunks` (the last round's
+  `upto` is read at most every WATERMARK_TTL_S: an older one only reads more chunks exactly). Each gives its
   `n` nearest (the tenant's bucket only, when a tenant is given), in one query. The index knows
   nothing of versions or models, so the candidates are then kept to the current ones: one more
   query reads the current embeddings row of the candidates' documents from `stage_results` (as
   `current_results` does, for those documents only). A copy of a chunk counts once (a batch the
   sink inserted twice, a chunk copied by two rounds: there is no FINAL, which would keep the
-  index from being used).
+  index from being used). The query vector is a server-side parameter (`{vector:Array(Float32)}`):
+  as a literal, its 384 numbers cost the read-only check ~10 ms of lexing per query.
 
   Fewer than k left (old versions, another model's vectors or a tenant sharing the bucket took
   the candidates' places) and search asks again for 4 times as many, up to `MAX_CANDIDATES`
@@ -36,6 +38,8 @@ Two ways to the same answer:
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +53,8 @@ FIRST_CANDIDATES = 4  # x k, at least MIN_CANDIDATES
 MIN_CANDIDATES = 40
 WIDEN = 4
 MAX_CANDIDATES = 1000
+WATERMARK_TTL_S = 5.0
+_watermarks: weakref.WeakKeyDictionary[Queries, tuple[float, int]] = weakref.WeakKeyDictionary()
 NOTHING_INDEXED = (
     "nothing is indexed yet: the warehouse has no docstream.current_chunks. Run `docstream warehouse"
     " migrate` to create the tables, then index documents: `docstream demo`, or `docstream up` (or"
@@ -56,41 +62,43 @@ NOTHING_INDEXED = (
 )
 _MISSING = ("(UNKNOWN_DATABASE)", "(UNKNOWN_TABLE)")
 EXACT_SQL = """
-SELECT document_id, tenant, page, chunk, substring(text, 1, %(snippet)s) AS snippet,
-       1 - cosineDistance(embedding, %(vector)s) AS score
+SELECT document_id, tenant, page, chunk, substring(text, 1, {snippet:UInt32}) AS snippet,
+       1 - cosineDistance(embedding, {vector:Array(Float32)}) AS score
 FROM docstream.current_chunks
-WHERE startsWith(model_version, %(model)s) AND (%(tenant)s = '' OR tenant = %(tenant)s)
-  AND length(embedding) = %(dimensions)s
+WHERE startsWith(model_version, {model:String}) AND ({tenant:String} = '' OR tenant = {tenant:String})
+  AND length(embedding) = {dimensions:UInt32}
 ORDER BY score DESC, document_id, page, chunk
-LIMIT %(k)s
+LIMIT {k:UInt32}
 """
 _CANDIDATE_COLUMNS = """document_id, tenant, page, chunk, idempotency_key, model_version,
-       substring(text, 1, %(snippet)s) AS snippet, cosineDistance(embedding, %(vector)s) AS distance"""
-# {tenant}: "" or "AND tenant = %(tenant)s" (a literal equality: partition pruning needs it as is)
-_CANDIDATES_SQL = f"""
+           substring(text, 1, {snippet:UInt32}) AS snippet,
+           cosineDistance(embedding, {vector:Array(Float32)}) AS distance"""
+# /*tenant*/: "" or "AND tenant = {tenant:String}" (an equality: the partition pruning needs it as is)
+_CANDIDATES_SQL = """
 SELECT * FROM
 (
-    SELECT {_CANDIDATE_COLUMNS}
-    FROM {INDEX_TABLE}
-    WHERE 1 {{tenant}}
+    SELECT /*columns*/
+    FROM /*index*/
+    WHERE 1 /*tenant*/
     ORDER BY distance
-    LIMIT %(n)s
+    LIMIT {n:UInt32}
 )
 UNION ALL
 SELECT * FROM
 (
-    SELECT {_CANDIDATE_COLUMNS}
+    SELECT /*columns*/
     FROM docstream.chunks
-    WHERE inserted_at > ({WATERMARK_SQL}) AND length(embedding) = %(dimensions)s {{tenant}}
+    WHERE inserted_at > fromUnixTimestamp64Milli({since:Int64}, 'UTC')
+      AND length(embedding) = {dimensions:UInt32} /*tenant*/
     ORDER BY distance
-    LIMIT %(n)s
+    LIMIT {n:UInt32}
 )
-"""
+""".replace("/*columns*/", _CANDIDATE_COLUMNS).replace("/*index*/", INDEX_TABLE)
 # the current embeddings row of each candidate document: current_results' order, for these only
 _CURRENT_SQL = """
 SELECT tenant, document_id, idempotency_key
 FROM docstream.stage_results FINAL
-WHERE stage = 'embeddings' AND document_id IN %(documents)s AND tenant IN %(tenants)s
+WHERE stage = 'embeddings' AND document_id IN {documents:Array(String)} AND tenant IN {tenants:Array(String)}
 ORDER BY tenant, document_id, upload_offset DESC, computed_at DESC, model_version DESC
 LIMIT 1 BY tenant, document_id
 """
@@ -147,13 +155,14 @@ def _through_index(
 ) -> list[Hit]:
     """The k nearest current chunks among the n nearest of the index and the n nearest not indexed
     yet; fewer when the candidates hold fewer current chunks of the model."""
-    sql = _CANDIDATES_SQL.format(tenant="AND tenant = %(tenant)s" if tenant else "")
+    sql = _CANDIDATES_SQL.replace("/*tenant*/", "AND tenant = {tenant:String}" if tenant else "")
     parameters: dict[str, Any] = {
         "vector": vector,
         "n": n,
         "snippet": SNIPPET_CHARS,
         "tenant": tenant,
         "dimensions": DIMENSIONS,
+        "since": _indexed_upto(warehouse),
     }
     _, rows = warehouse.query(sql, parameters)
     prefix = f"{model_version}:"
@@ -171,9 +180,21 @@ def _through_index(
     return ranked[:k]
 
 
+def _indexed_upto(warehouse: Queries) -> int:
+    """The last round's `upto` (epoch ms), read at most every WATERMARK_TTL_S per connection. An older
+    one only makes the exact part larger (chunks found twice count once), never misses a chunk."""
+    now = time.monotonic()
+    seen = _watermarks.get(warehouse)
+    if seen is None or now - seen[0] > WATERMARK_TTL_S:
+        _, rows = warehouse.query(f"SELECT toUnixTimestamp64Milli(({WATERMARK_SQL}))")
+        seen = (now, int(rows[0][0]))
+        _watermarks[warehouse] = seen
+    return seen[1]
+
+
 def _current_keys(warehouse: Queries, candidates: list[tuple[Any, ...]]) -> dict[tuple[str, str], str]:
     """(tenant, document id) -> the idempotency key of its current embeddings row."""
     documents = sorted({str(row[0]) for row in candidates})
     tenants = sorted({str(row[1]) for row in candidates})
-    _, rows = warehouse.query(_CURRENT_SQL, {"documents": tuple(documents), "tenants": tuple(tenants)})
+    _, rows = warehouse.query(_CURRENT_SQL, {"documents": documents, "tenants": tenants})
     return {(str(t), str(d)): str(key) for t, d, key in rows}

@@ -222,12 +222,15 @@ class Warehouse:
 
     # -- data ------------------------------------------------------------------------------
 
-    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None:
-        """Run one writing statement (an `INSERT ... SELECT`), its client-side parameters bound."""
+    def command(
+        self, sql: str, parameters: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
+    ) -> None:
+        """Run one writing statement (an `INSERT ... SELECT`), its client-side parameters bound, with
+        these query `settings`."""
         _fail_if_switched_down("a statement")
         try:
             with self._lock:
-                self._client.command(sql, parameters=parameters)
+                self._client.command(sql, parameters=parameters, settings=settings)
         except OperationalError as exc:
             raise TransientError(f"warehouse unreachable: {exc}") from exc
         except ClickHouseError as exc:

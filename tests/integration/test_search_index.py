@@ -126,19 +126,22 @@ def test_the_index_finds_what_the_exact_scan_finds(warehouse: Warehouse) -> None
     spread_documents(warehouse, "acme", 150)
     spread_documents(warehouse, "globex", 150)
     assert round_now(warehouse) == 3000 and indexed(warehouse) == 3000
-    found = total = 0
+    found = total = same_first = 0
     for centre in range(20):
         query = near(centre, 1)[0].tolist()
         for tenant in ("", "acme"):
             exact = search(warehouse, query, MODEL, k=10, tenant=tenant, exact=True)
             approximate = search(warehouse, query, MODEL, k=10, tenant=tenant)
             assert len(approximate) == 10 and all(h.tenant == (tenant or h.tenant) for h in approximate)
-            assert approximate[0].document_id == exact[0].document_id
+            # the index's scores are its bf16 distances: near ties may swap places, never by much
+            assert abs(approximate[0].score - exact[0].score) < 0.01
             for a in approximate:
                 assert abs(a.score - next((e.score for e in exact if keys([e]) == keys([a])), a.score)) < 0.01
+            same_first += approximate[0].document_id == exact[0].document_id
             found += len(set(keys(approximate)) & set(keys(exact)))
             total += 10
     assert found / total >= 0.95  # recall@10 at this size
+    assert same_first >= 36  # of 40
 
 
 def test_chunks_are_searchable_before_a_round_copies_them(warehouse: Warehouse) -> None:
@@ -159,20 +162,26 @@ def test_a_replayed_version_replaces_the_old_one_before_and_after_the_next_round
 ) -> None:
     spread_documents(warehouse, "acme", 40)
     old = near(3, 5, spread=0.05)  # the old chunking's vectors: the nearest of all to the query
-    store(warehouse, "acme", "acme-replayed", old, version=V1, computed=T0)
+    store(warehouse, "acme", "acme-replayed", old, version=V1, computed=T0, text="old chunking")
     round_now(warehouse)
     query = unit(CENTRES[3]).tolist()
     before = search(warehouse, query, MODEL, k=5, tenant="acme")
-    assert [h.document_id for h in before] == ["acme-replayed"] * 5
+    assert sum(h.snippet == "old chunking" for h in before) >= 4  # approximate: near-twins may hide one
 
     # the replay: the new chunking's 2 chunks, computed later, land after the round
-    store(warehouse, "acme", "acme-replayed", near(3, 2, spread=0.3), version=V2, computed=T0 + 60_000)
+    new = near(3, 2, spread=0.3)
+    store(warehouse, "acme", "acme-replayed", new, version=V2, computed=T0 + 60_000, text="new chunking")
     for when in ("before the next round", "after it"):
         hits = search(warehouse, query, MODEL, k=10, tenant="acme")
-        replayed = [h for h in hits if h.document_id == "acme-replayed"]
         assert len(hits) == 10, when
-        assert sorted(h.chunk for h in replayed) == [0, 1], when  # the 2 new chunks, none of the 5 old
-        assert keys(hits) == keys(search(warehouse, query, MODEL, k=10, tenant="acme", exact=True)), when
+        assert not any(h.snippet == "old chunking" for h in hits), when
+        replayed = [h for h in hits if h.document_id == "acme-replayed"]
+        assert sorted(h.chunk for h in replayed) == [0, 1] and {h.snippet for h in replayed} == {
+            "new chunking"
+        }
+        exact = search(warehouse, query, MODEL, k=10, tenant="acme", exact=True)
+        assert not any(h.snippet == "old chunking" for h in exact), when
+        assert len(set(keys(hits)) & set(keys(exact))) >= 8, when
         round_now(warehouse)
 
 
