@@ -47,9 +47,11 @@ ROUNDS_TABLE = "docstream.chunk_index_rounds"
 DIMENSIONS = 384  # the index's, infra/clickhouse/006; the embedding model's (tests check they agree)
 SETTLE_S = 10.0
 EVERY_S = 30.0
-# A round yields to the sink: one thread, at the lowest CPU priority (nice 19), so the sink's inserts
-# go first and the graph is built with the CPU they leave (measured: the sink at 0.52x its rate
-# with rounds on both cores at normal priority, 0.75x with these).
+# The sink's rounds yield to it: one thread, at the lowest CPU priority (nice 19: ClickHouse sets it
+# on the threads that run the round, and the engine's pool threads drop it when they are done; the
+# calling thread keeps it, so only IndexRounds' own thread passes these), so the sink's inserts go
+# first and the graph is built with the CPU they leave (measured: the sink at 0.52x its rate with
+# rounds on both cores at normal priority, 0.75x with these).
 ROUND_SETTINGS = {"max_threads": 1, "max_insert_threads": 1, "os_thread_priority": 19}
 _COLUMNS = "document_id, tenant, page, chunk, text, embedding, model_version, idempotency_key, inserted_at"
 WATERMARK_SQL = f"SELECT max(upto) FROM {ROUNDS_TABLE}"
@@ -96,9 +98,15 @@ class Round:
 
 
 def index_round(
-    warehouse: Warehouse, *, settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic
+    warehouse: Warehouse,
+    *,
+    settle_s: float = SETTLE_S,
+    settings: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Round:
-    """Copy the chunks inserted since the last round (and at least `settle_s` ago) into the index."""
+    """Copy the chunks inserted since the last round (and at least `settle_s` ago) into the index,
+    with these query `settings` (default none: every core, at normal priority; `IndexRounds` passes
+    `ROUND_SETTINGS` from its own thread, which the priority then stays with)."""
     _, window = warehouse.query(_WINDOW_SQL, {"settle_ms": int(settle_s * 1000)})
     upto, since = int(window[0][0]), int(window[0][1])
     bounds = {"since": since, "upto": upto, "dimensions": DIMENSIONS}
@@ -106,7 +114,7 @@ def index_round(
     rows, other = int(pending[0][0]), int(pending[0][1])
     started = clock()
     if rows:
-        warehouse.command(_COPY_SQL, bounds, ROUND_SETTINGS)
+        warehouse.command(_COPY_SQL, bounds, settings)
     seconds = clock() - started
     if rows or other:  # an empty window moves nothing: the tail it leaves is empty too
         warehouse.command(_RECORD_SQL, {"upto": upto, "rows": rows, "seconds": seconds})
@@ -166,7 +174,7 @@ class IndexRounds:
             try:
                 if warehouse is None:
                     warehouse = self._open()
-                done = index_round(warehouse, settle_s=self._settle_s)
+                done = index_round(warehouse, settle_s=self._settle_s, settings=ROUND_SETTINGS)
             except DocstreamError as exc:
                 if not failing:
                     log.warning(

@@ -106,7 +106,7 @@ def index(
 
     with Warehouse(settings().warehouse_url) as warehouse:
         with console.status("building the index of the chunks inserted since the last round"):
-            done = index_round(warehouse)
+            done = index_round(warehouse)  # every core, at normal priority
         state = index_state(warehouse)
     _print_index(state, done.as_dict(), as_json)
 

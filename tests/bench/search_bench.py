@@ -228,7 +228,7 @@ def measure(chunks: int, *, say: Any = print) -> dict[str, Any]:
             say(f"loading {len(vectors):,} chunks, the sink without index rounds")
             figures["sink_plain_cps"] = load(plain, vectors, version, defaults.batch_rows)
             say("building the index in one round over every chunk")
-            done = index_round(plain, settle_s=0)
+            done = index_round(plain, settle_s=0)  # as `docstream warehouse index` builds it
             figures["build_one_round_s"] = done.seconds
         with Warehouse(indexed_url) as warehouse:
             warehouse.migrate(DDL_DIR)
@@ -243,7 +243,7 @@ def measure(chunks: int, *, say: Any = print) -> dict[str, Any]:
             finally:
                 rounds.close()
             started = time.perf_counter()
-            last = index_round(warehouse, settle_s=0)  # the rest, as the next round would
+            last = index_round(warehouse, settle_s=0)  # the rest, at full speed (main thread: no nice)
             figures["rounds_during_load"] = len(rounds.rounds)
             figures["rounds_build_s"] = sum(r.seconds for r in rounds.rounds) + last.seconds
             figures["catch_up_after_load_s"] = time.perf_counter() - started
