@@ -145,6 +145,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = _IDLE_CLIENT_S
     protocol_version = "HTTP/1.1"  # keep-alive, as clickhouse-connect's pool expects
+    # An answer is written as two segments (headers, then body): with Nagle's algorithm the body waits
+    # for the client's delayed ACK of the headers, 40 ms on Linux, on every query (`SELECT 1` through
+    # the owner took 48 ms, 2.5 ms without it; GET /v1/search pays it on each search).
+    disable_nagle_algorithm = True
     server_version = "docstream-warehouse"
     _unread = False  # whether the request's body is still to be read
 
