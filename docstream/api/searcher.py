@@ -63,10 +63,12 @@ def cpu_model() -> QueryModel:
 class Unavailable:
     """Why a search cannot be answered now: `nothing_indexed` (the warehouse has no chunks table
     yet), `warehouse` (none answers, or it refused the query), `model` (the embedding model cannot
-    be loaded or failed)."""
+    be loaded or failed). `message` is for the caller, and names no path, host or server error of
+    this side; `detail` adds those, for the API's log."""
 
     reason: Reason
     message: str
+    detail: str = ""
 
 
 class Searcher:
@@ -102,14 +104,14 @@ class Searcher:
         try:
             vector = [float(x) for x in model.embed([text])[0]]
         except DocstreamError as exc:
-            return Unavailable("model", f"the embedding model failed on the query: {exc}")
+            return Unavailable("model", "the embedding model failed on the query", _first_line(exc))
         try:
             hits = search(queries, vector, model.model_version, k=k, tenant=tenant)
         except DocstreamError as exc:
             if str(exc) == NOTHING_INDEXED:
                 return Unavailable("nothing_indexed", NOTHING_INDEXED)
             self._forget(queries)  # reconnected on the next search
-            return Unavailable("warehouse", f"the warehouse did not answer the search: {_first_line(exc)}")
+            return Unavailable("warehouse", "the warehouse did not answer the search", _first_line(exc))
         # a chunk whose vector is all zeros has no direction: its score is NaN, which JSON cannot carry
         return [hit for hit in hits if math.isfinite(hit.score)]
 
@@ -122,7 +124,7 @@ class Searcher:
                     try:
                         self._model = self._load_model()
                     except DocstreamError as exc:
-                        return Unavailable("model", f"the embedding model cannot be loaded: {exc}")
+                        return Unavailable("model", "the embedding model cannot be loaded", _first_line(exc))
                     log.info(
                         "search: embedding model %s loaded in %.1f s",
                         self._model.model_version,
@@ -145,8 +147,9 @@ class Searcher:
             if self._owner is None:
                 return Unavailable(
                     "warehouse",
-                    f"no running process serves the embedded warehouse {self._directory}: it is served by"
-                    " the process that holds it (`docstream warehouse sink`, `docstream up`)",
+                    "no warehouse answers: the embedded warehouse is served by the process that holds it"
+                    " (`docstream warehouse sink`, `docstream up`), and none runs",
+                    f"no running process serves the embedded warehouse {self._directory}",
                 )
             return self._owner
 
@@ -162,7 +165,7 @@ class Searcher:
             try:
                 self._server = Warehouse(self.warehouse_url)
             except DocstreamError as exc:
-                return Unavailable("warehouse", f"the warehouse does not answer: {_first_line(exc)}")
+                return Unavailable("warehouse", "the warehouse does not answer", _first_line(exc))
         return self._server
 
     def _forget(self, queries: Queries) -> None:
@@ -181,7 +184,8 @@ class Searcher:
         with self._note_lock:
             if isinstance(answer, Unavailable):
                 if self._down is None or self._down.reason != answer.reason:
-                    log.warning("search unavailable (%s): %s", answer.reason, answer.message)
+                    said = f"{answer.message} ({answer.detail})" if answer.detail else answer.message
+                    log.warning("search unavailable (%s): %s", answer.reason, said)
                 self._down = answer
             elif self._down is not None:
                 log.info("search answers again")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import signal
 import subprocess
 import sys
@@ -288,11 +289,12 @@ with Warehouse(sys.argv[1]) as warehouse, serve_queries(warehouse):
 
 
 def test_without_a_warehouse_or_with_nothing_indexed_a_search_is_a_503_that_says_why(
-    tmp_path: Path, broker: LocalBroker
+    tmp_path: Path, broker: LocalBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No process serves the embedded warehouse: 503 `warehouse`. An owner that has not migrated
     it (no chunks table): 503 `nothing_indexed`. The owner gone again: 503 `warehouse`. A 503 gives
-    the search's token back."""
+    the search's token back; the log says each change once, with the path the answer leaves out."""
+    caplog.set_level(logging.INFO, logger="docstream.api.searcher")
     url = f"chdb://{tmp_path / 'unmigrated'}"
     settings = _settings(tmp_path / "home", broker, url, quota_rate_per_s=0.01, quota_burst=2)
     with serve_in_thread(ApiService.from_settings(settings)) as api:
@@ -303,10 +305,11 @@ def test_without_a_warehouse_or_with_nothing_indexed_a_search_is_a_503_that_says
             assert answer.status_code == 503, answer.text
             body: dict[str, Any] = answer.json()
             assert set(body) == {"error", "reason"}, body
+            assert str(tmp_path) not in answer.text, "no server path in an answer"
             return body
 
         assert unavailable()["reason"] == "warehouse"
-        assert "no running process serves the embedded warehouse" in unavailable()["error"]
+        assert "`docstream warehouse sink`" in unavailable()["error"]
         ready = tmp_path / "ready"
         owner = subprocess.Popen([sys.executable, "-c", OWNER, url, str(ready)], cwd=ROOT)
         try:
@@ -323,3 +326,14 @@ def test_without_a_warehouse_or_with_nothing_indexed_a_search_is_a_503_that_says
         metrics = requests.get(f"{api.url}/metrics", timeout=10).text
         assert 'docstream_api_searches_total{outcome="unavailable"} 4.0' in metrics
         assert api.service.admission.admitted().get("acme", 0) == 0, "every token given back"
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "docstream.api.searcher" and r.levelno == logging.WARNING
+    ]
+    assert [line.split(")")[0] for line in said] == [
+        "search unavailable (warehouse",
+        "search unavailable (nothing_indexed",
+        "search unavailable (warehouse",
+    ], said
+    assert str(tmp_path / "unmigrated") in said[0]
