@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JARS   := infra/kafka/lib/.fetched
 
-.PHONY: run test bench chaos lint broker-stop clean
+.PHONY: run test bench bench-search chaos lint broker-stop clean
 
 # The virtualenv with every pinned dependency (requirements.lock) and docstream itself, editable.
 # The lock lists every transitive dependency, so it installs with --no-deps: that keeps out what
@@ -37,6 +37,11 @@ test: $(STAMP) $(JARS)
 ## one broker, each with its target (docs/benchmarks.md).
 bench: $(STAMP) $(JARS)
 	$(BIN)/python -m tests.bench
+
+## bench-search: search at 1,000,000 chunks (the vector index, its recall, latency and build time, and
+## the sink's insert rate beside it; `make bench` has the 100,000-chunk rows); about 15 minutes.
+bench-search: $(STAMP)
+	$(BIN)/python -m tests.bench.search_bench --chunks 1000000
 
 ## chaos: every fault of the matrix, each on a fresh three-broker cluster, and the checker's table
 ## (docs/chaos.md); `make test` runs one row of it.

@@ -109,8 +109,13 @@ def _module(spec: StageSpec) -> StageModule:
 def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink, Worker]:
     """The warehouse sink (a context manager: its flusher thread) and the worker that feeds it."""
     from consumers.warehouse.sink import SinkTopics, WarehouseSink, sink_runtime, warehouse_insert
+    from consumers.warehouse.store import Warehouse as Connection
+    from consumers.warehouse.vector_index import IndexRounds
 
     topics = SinkTopics.declared(settings.group_prefix)
+    every_s = settings.warehouse.index_every_s
+    # the search index's rounds, on a connection of their own (chDB takes several in one process)
+    rounds = [IndexRounds(lambda: Connection(warehouse.url), every_s=every_s)] if every_s > 0 else []
     sink = WarehouseSink(
         warehouse_insert(warehouse),
         blob_store(settings),
@@ -119,6 +124,7 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
         batch_rows=settings.warehouse.batch_rows,
         batch_ms=settings.warehouse.batch_ms,
         limits=Limits.from_settings(settings),
+        beside=rounds,
     )
     member = Worker(
         group_id=group_id(WAREHOUSE, settings.group_prefix),

@@ -122,6 +122,12 @@ class WarehouseSettings(BaseModel):
     )
     batch_rows: int = Field(default=500, ge=1, description="insert a batch once it holds this many rows")
     batch_ms: int = Field(default=1000, ge=1, description="or once its first row waited this long")
+    index_every_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="the sink copies new chunks into the search index this often (0: never; search then"
+        " reads them exactly, consumers/warehouse/vector_index.py)",
+    )
 
 
 class AnalyticsSettings(BaseModel):

