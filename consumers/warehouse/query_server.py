@@ -9,6 +9,7 @@ curl and Grafana's ClickHouse data source read the embedded warehouse as they re
     GET  /ping                       -> 200 "Ok."
     GET  /?query=SELECT...           -> 200, the answer in the format asked for (TabSeparated by default)
     POST /?<params>  body: SELECT... -> the same; the query is the `query` parameter, the body, or both
+                                        (or the body's multipart/form-data fields: query, param_*)
 
 with a credential, the ClickHouse way (consumers.warehouse.http_interface): user `docstream` and a
 random password that only this user can read, in an endpoint file beside the data directory,
@@ -56,6 +57,7 @@ from consumers.warehouse.http_interface import (
     ClickHouseHttpError,
     RequestOptions,
     check_credentials,
+    form_fields,
 )
 from consumers.warehouse.sql_guard import split_output_format
 from consumers.warehouse.store import ClickHouseRefusal, Warehouse
@@ -173,9 +175,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             headers = {name.lower(): value for name, value in self.headers.items()}
             check_credentials(headers, params, USER, self.server.password)
+            body = self._body() if with_body else b""
+            if with_body and self.headers.get_content_type() == "multipart/form-data":
+                fields = form_fields(body, self.headers["Content-Type"])  # the query and its parameters
+                body, params = fields.pop("query", "").encode(), {**params, **fields}
             options = RequestOptions.of(params, headers)
             query_id = options.query_id or query_id
-            body = self._body() if with_body else b""
             sql = "\n".join(part for part in (params.get("query", ""), _text(body)) if part)
             if not sql.strip():
                 raise ClickHouseHttpError(SYNTAX_ERROR, "Empty query")
@@ -216,8 +221,6 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ClickHouseHttpError(QUERY_IS_TOO_LARGE, f"a request of {length} bytes")
             data = self.rfile.read(length) if length > 0 else b""
         self._unread = False
-        if self.headers.get_content_type() == "multipart/form-data":
-            raise ClickHouseHttpError(BAD_ARGUMENTS, "external data (multipart requests) are not taken")
         encoding = self.headers.get("Content-Encoding", "").lower()
         if encoding in ("gzip", "deflate"):
             try:

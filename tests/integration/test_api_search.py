@@ -4,14 +4,14 @@ The warehouse is an embedded chDB, migrated and served by this process as the si
 (`serve_queries`); the API reaches it through that HTTP endpoint, as it does in `docstream up`.
 Chunks of two tenants go in through the sink's own row builders, their vectors from the real
 embedding model: both tenants hold chunks of the same words, and globex one whose text is the query
-itself, so that a leak would rank first. The cross-tenant test runs before any index round and after
-`consumers.warehouse.vector_index.index_round` (then with chunks added after the round, which the
-search must rank exactly), or is skipped while that function is not there.
+itself, so that a leak would rank first. The cross-tenant test runs twice: before any index round
+(every chunk is read from `docstream.chunks` as not indexed yet), and after
+`consumers.warehouse.vector_index.index_round` copied them all into the index, with a chunk of each
+tenant added after the round (found beside the index).
 """
 
 from __future__ import annotations
 
-import importlib
 import io
 import logging
 import signal
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from consumers.warehouse.rows import (
     stage_result_row,
 )
 from consumers.warehouse.store import Warehouse
+from consumers.warehouse.vector_index import index_round
 from docstream.api.keys import KeyStore
 from docstream.api.server import ServedApi, serve_in_thread
 from docstream.api.service import ApiService
@@ -167,25 +168,13 @@ def found(answer: requests.Response) -> list[Chunk]:
     return [(hit["document_id"], hit["page"], hit["chunk"]) for hit in hits]
 
 
-def _index_round() -> Callable[[Warehouse], object] | None:
-    """consumers.warehouse.vector_index.index_round, once the approximate index is there (issue 25)."""
-    try:
-        module = importlib.import_module("consumers.warehouse.vector_index")
-    except ModuleNotFoundError:
-        return None
-    index_round: Callable[[Warehouse], object] | None = getattr(module, "index_round", None)
-    return index_round
-
-
 @pytest.fixture(scope="module", params=["before any index round", "after an index round"])
 def phase(request: pytest.FixtureRequest, corpus: Corpus) -> str:
-    """The warehouse searched exactly, then (once) copied into the index by a round, with a chunk of
-    each tenant added after it, which is not in the index yet."""
+    """The warehouse searched exactly, then (once) through the index: every chunk so far copied by a
+    round, and a chunk of each tenant added after it, which the search reads exactly."""
     if request.param == "after an index round":
-        index_round = _index_round()
-        if index_round is None:
-            pytest.skip("consumers.warehouse.vector_index.index_round does not exist yet (issue 25, point 1)")
-        index_round(corpus.warehouse)
+        copied = index_round(corpus.warehouse, settle_s=0.0)
+        assert copied.rows == sum(len(chunks) for chunks in corpus.chunks.values()), copied
         corpus.add("acme", [[LATE]])
         corpus.add("globex", [[LATE]])
     return str(request.param)
@@ -194,21 +183,28 @@ def phase(request: pytest.FixtureRequest, corpus: Corpus) -> str:
 def test_one_tenant_s_key_never_returns_another_tenant_s_chunk(
     api: ServedApi, corpus: Corpus, phase: str
 ) -> None:
+    """Each tenant's key, asked for exactly as many chunks as the tenant has (the candidates' way:
+    the index and the chunks not indexed yet) and for more (then the search ends in the exact scan
+    of current_chunks), gets its own chunks, all of them, and not one of the other's, although the
+    other's are the same words."""
     acme, globex = key_of(api, "acme"), key_of(api, "globex")
+    for tenant, key in (("acme", acme), ("globex", globex)):
+        own = corpus.chunks[tenant]
+        for k in (len(own), 100):
+            hits = found(search(api, key, k=k))
+            assert set(hits) == own, (tenant, k, phase)
+            assert {corpus.documents[document] for document, _, _ in hits} == {tenant}
 
-    mine = found(search(api, acme, k=100))
-    assert set(mine) == corpus.chunks["acme"], "every chunk of acme's (fewer than k), and only those"
-    assert all(corpus.documents[document] == "acme" for document, _, _ in mine)
-
-    theirs = search(api, globex, k=100)
-    assert set(found(theirs)) == corpus.chunks["globex"]
-    best = theirs.json()[0]
-    assert best["snippet"] == QUERY and best["score"] > 0.99, "the chunk that would top a leak is globex's"
+    theirs = search(api, globex, k=1).json()
+    assert theirs[0]["snippet"] == QUERY and theirs[0]["score"] > 0.99, "what would top a leak is globex's"
+    mine = search(api, acme, k=1).json()
+    assert mine[0]["snippet"] != QUERY and mine[0]["score"] < theirs[0]["score"]
 
     # k is honoured: the first k of the same ranking
+    ranking = found(search(api, acme, k=100))
     for k in (1, 3):
-        assert found(search(api, acme, k=k)) == mine[:k]
-    assert found(search(api, acme)) == mine[:10], "k defaults to 10"
+        assert found(search(api, acme, k=k)) == ranking[:k]
+    assert found(search(api, acme)) == ranking[:10], "k defaults to 10"
 
 
 def test_a_tenant_without_chunks_gets_an_empty_list(api: ServedApi, corpus: Corpus) -> None:
@@ -280,6 +276,7 @@ import signal, sys, threading
 from pathlib import Path
 from consumers.warehouse.query_server import serve_queries
 from consumers.warehouse.store import Warehouse
+from consumers.warehouse.vector_index import index_round
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 with Warehouse(sys.argv[1]) as warehouse, serve_queries(warehouse):
