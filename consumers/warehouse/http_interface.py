@@ -5,8 +5,11 @@ body, or both (the body follows the parameter's text after a newline); credentia
 `X-ClickHouse-User` / `X-ClickHouse-Key` headers, HTTP basic auth or the `user` / `password`
 parameters (one way per request); the output format in a `FORMAT` clause ending the query, the
 `default_format` parameter or the `X-ClickHouse-Format` header; server-side query parameters as
-`param_<name>`; and settings as any other URL parameter. A failure is an HTTP 4xx/5xx status
-with a `Code: N. DB::Exception: ...` body and the `X-ClickHouse-Exception-Code` header.
+`param_<name>`; and settings as any other URL parameter. A client may send the query and its
+parameters as the fields of a multipart/form-data body instead (clickhouse-connect does once its
+parameters pass 4 KiB, as a 384-number query vector does): `form_fields` reads them; a part with
+a file name is external data, which the warehouse does not take. A failure is an HTTP 4xx/5xx
+status with a `Code: N. DB::Exception: ...` body and the `X-ClickHouse-Exception-Code` header.
 
 What the warehouse takes of that (`RequestOptions.of`): the database and the format, the
 `param_` values, and the transport parameters clients send (`TRANSPORT`: session, compression,
@@ -22,6 +25,9 @@ import binascii
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email import policy
+from email.message import EmailMessage
+from email.parser import BytesParser
 
 from docstream.errors import ConfigurationError
 
@@ -194,3 +200,31 @@ class RequestOptions:
             },
             query_id=params.get("query_id", ""),
         )
+
+
+def form_fields(body: bytes, content_type: str) -> dict[str, str]:
+    """The text fields of a multipart/form-data request `body` (its `Content-Type` header value
+    names the boundary), by name: the query and its parameters, as clickhouse-connect sends them.
+    ClickHouseHttpError (BAD_ARGUMENTS) for a part with a file name (external data, not taken), a
+    field without a name or named twice, a field that is not UTF-8, or a body that is not multipart."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
+    message = BytesParser(policy=policy.HTTP).parsebytes(head + body)
+    if not isinstance(message, EmailMessage) or not message.is_multipart() or message.defects:
+        raise ClickHouseHttpError(BAD_ARGUMENTS, "an unreadable multipart/form-data body")
+    fields: dict[str, str] = {}
+    for part in message.iter_parts():
+        if not isinstance(part, EmailMessage):
+            raise ClickHouseHttpError(BAD_ARGUMENTS, "an unreadable multipart/form-data body")
+        name = part.get_param("name", header="content-disposition")
+        if part.get_filename() is not None:
+            raise ClickHouseHttpError(
+                BAD_ARGUMENTS, "external data (files in a multipart request) are not taken"
+            )
+        if not isinstance(name, str) or not name or name in fields:
+            raise ClickHouseHttpError(BAD_ARGUMENTS, "a multipart field without a name, or named twice")
+        data = part.get_payload(decode=True)
+        try:
+            fields[name] = data.decode("utf-8") if isinstance(data, bytes) else ""
+        except UnicodeDecodeError as exc:
+            raise ClickHouseHttpError(BAD_ARGUMENTS, f"the multipart field {name[:64]} is not UTF-8") from exc
+    return fields

@@ -4,6 +4,8 @@ share only Kafka and the blob store's state area.
 app.py              the FastAPI app put together: middleware, routes, /health, /metrics, OpenAPI
 upload_route.py     POST /v1/documents: the multipart or JSON body read, the 202 answered
 document_routes.py  GET /v1/documents/{id} and its text, chunks and thumbnails, per tenant
+search_route.py     GET /v1/search: the tenant's chunks closest to a query (quota as uploads; 503 unindexed)
+searcher.py         a search: the query embedded (model loaded once), ranked in the warehouse for one tenant
 auth.py             the tenant of a request's API key (Bearer or X-API-Key), or 401
 middleware.py       request id and trace context, the body limit, the request metrics
 shapes.py           the documented shapes of the answers and JSON uploads (OpenAPI)

@@ -9,7 +9,9 @@ lands on:
   A partition whose group completes nothing while it has lag waits without bound.
 - **objective**: an *interactive* document is refused when the predicted wait is above
   `objective_s`, a *bulk* one already above `bulk_share x objective_s`: bulk is refused first.
-- **quota**: each tenant has a token bucket (`rate_per_s`, `burst`); a document takes a token.
+- **quota**: each tenant has a token bucket (`rate_per_s`, `burst`); a document takes a token, and
+  so does a search (`decide_search`: the quota alone, since a search enters no pipeline and no
+  backlog applies to it).
 
 A refusal says why (`backlog` or `quota`) and when to come back, `retry_after_s`:
 
@@ -118,7 +120,7 @@ class AdmissionControl:
     # decide runs on the API's request threads, observe on the watch's: one at a time
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False)
-    _admitted: dict[str, int] = field(default_factory=dict, init=False)  # per tenant, since start
+    _admitted: dict[str, int] = field(default_factory=dict, init=False)  # tokens per tenant, since start
 
     def __post_init__(self) -> None:
         if not self.objective_s > 0 or not 0 < self.bulk_share <= 1:
@@ -173,17 +175,32 @@ class AdmissionControl:
             if wait > threshold:
                 retry = _retry_after(predicted, threshold, self.unknown_retry_s)
                 return Admission(False, "backlog", backlog, wait, retry, no_data=False)
+        refused = self._take_or_refuse(tenant, backlog, wait)
+        if refused is not None:
+            return refused
+        self._admitted_since[partition] = self._admitted_since.get(partition, 0) + 1
+        return Admission(True, None, backlog, wait, 0, no_data=wait is None)
+
+    def decide_search(self, tenant: str) -> Admission:
+        """Admit a search of `tenant`, or say when its quota has a token again. A search takes a
+        token from the same bucket as a document and counts in `admitted` (so the other replicas
+        charge it too); the backlog does not apply, as a search enters no pipeline."""
+        with self._lock:
+            return self._take_or_refuse(tenant, None, None) or Admission(True, None, None, None, 0, False)
+
+    def _take_or_refuse(self, tenant: str, backlog: int | None, wait: float | None) -> Admission | None:
+        """Take a token of the tenant's quota and count it as admitted (None), or the quota's refusal
+        (the caller holds `_lock`)."""
         quota_wait = self._take(tenant)
         if quota_wait > 0:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(quota_wait)))
             return Admission(False, "quota", backlog, wait, retry, no_data=wait is None)
-        self._admitted_since[partition] = self._admitted_since.get(partition, 0) + 1
         self._admitted[tenant] = self._admitted.get(tenant, 0) + 1
-        return Admission(True, None, backlog, wait, 0, no_data=wait is None)
+        return None
 
     def admitted(self) -> dict[str, int]:
-        """Per tenant, the documents this process admitted since it started (the replicas'
-        heartbeats carry it: docstream.api.replicas)."""
+        """Per tenant, the tokens this process took since it started: documents and searches
+        admitted (the replicas' heartbeats carry it: docstream.api.replicas)."""
         with self._lock:
             return dict(self._admitted)
 
@@ -199,7 +216,7 @@ class AdmissionControl:
 
     def refund(self, tenant: str) -> None:
         """Give back the token of an admitted document that was not accepted after all (another
-        replica accepted the same content first)."""
+        replica accepted the same content first), or of a search that could not be answered."""
         with self._lock:
             bucket = self._refilled(tenant)
             bucket.tokens = min(self.quota_of(tenant).burst, bucket.tokens + 1)

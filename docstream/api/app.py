@@ -5,6 +5,7 @@
     GET  /v1/documents/{id}/text    200 the OCR'd / text-layer pages | 404
     GET  /v1/documents/{id}/chunks  200 the embedded chunks (without vectors) | 404
     GET  /v1/documents/{id}/thumbnails/{n}  200 a WebP thumbnail | 404
+    GET  /v1/search?q=...&k=10      200 the tenant's chunks closest to q | 400 | 401 | 429 | 503
     GET  /health                    200 broker, warehouse, groups, outbox (503: cannot accept)
     GET  /metrics                   Prometheus text
     GET  /openapi.json, /docs       the OpenAPI document and its viewer
@@ -21,8 +22,8 @@ A POST is either multipart/form-data (a `file` part; optional `priority`: intera
 as it arrives and cut off past the size limit (413), whatever Content-Length claims.
 
 Its parts: the upload route (docstream.api.upload_route), the document routes (document_routes),
-the API key of a request (auth), the request id, body limit and metrics (middleware), the
-documented shapes (shapes); /health and /metrics are here.
+the search route (search_route), the API key of a request (auth), the request id, body limit and
+metrics (middleware), the documented shapes (shapes); /health and /metrics are here.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from docstream.api.document_routes import add_document_routes
 from docstream.api.middleware import FrontMiddleware, Metrics
+from docstream.api.search_route import add_search_route
 from docstream.api.service import ApiService
 from docstream.api.upload_route import add_upload_route
 
@@ -72,6 +74,7 @@ def create_app(service: ApiService, *, bench_routes: bool = False) -> FastAPI:
 
     add_upload_route(app, service, metrics)
     add_document_routes(app, service)
+    add_search_route(app, service, metrics)
 
     @app.get(
         "/health",

@@ -1,7 +1,7 @@
 """The app's front ASGI layer (request id, trace context, body limit, request metrics); its metrics.
 
 `FrontMiddleware` wraps the app of docstream.api.app; `Metrics` is its Prometheus registry, which
-the upload route counts into too and GET /metrics serves.
+the upload and search routes count into too and GET /metrics serves.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ class Metrics:
         )
         self.accepted = Counter(
             "docstream_api_accepted", "uploads answered 202, by state", ["state"], registry=self.registry
+        )
+        self.searches = Counter(
+            "docstream_api_searches",
+            "searches by outcome: ok, quota (429), unavailable (503)",
+            ["outcome"],
+            registry=self.registry,
         )
         depth = Gauge("docstream_api_outbox_depth", "events waiting in the outbox", registry=self.registry)
         depth.set_function(lambda: service.outbox.depth)

@@ -2,8 +2,9 @@
 
 Every replica of the ingest API writes its heartbeat, `api/replicas/<replica id>.json` in the blob
 store's state area (shared by all of them: a local folder on one machine, an S3 bucket beyond it),
-every `interval_s`: its id, a beat counter, and per tenant how many documents it admitted since it
-started. Every interval it also reads the others':
+every `interval_s`: its id, a beat counter, and per tenant how many documents (and searches) it
+admitted since it started, the tokens it took of the tenant's quota. Every interval it also reads
+the others':
 
 - **live**: a peer whose beat counter changed within `expire_s`, by this replica's own monotonic
   clock (the hosts' clocks may disagree: they are never compared). A peer seen for the first time

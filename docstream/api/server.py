@@ -28,7 +28,11 @@ from docstream.errors import ConfigurationError
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); ConfigurationError when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off on accepted connections only when
+    # the listening socket says TCP (base_events._set_nodelay checks sock.proto). With proto 0 every
+    # answer written in two parts (headers, body) waited for the client's delayed ACK: GET /metrics
+    # took 44 ms, 1.4 ms with it.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -2,7 +2,8 @@
 
 `ApiService.from_settings(settings)` builds, under the API's state folder (`<home>/api` unless
 `DOCSTREAM_API__STATE_DIR`): the key store, the documents registry, the outbox and its relay,
-the publisher, admission control fed by the cluster watch, the tracker, and the `Ingest` steps.
+the publisher, admission control fed by the cluster watch, the tracker, the `Ingest` steps, and
+the `Searcher` (which loads its model and reaches the warehouse on the first search).
 `start()` starts the threads (cluster watch, outbox relay, tracker); `close()` stops them and
 flushes the publisher. The HTTP app (docstream.api.app) only calls into this object.
 """
@@ -32,6 +33,7 @@ from docstream.api.outbox_relay import OutboxRelay
 from docstream.api.registry import DocumentRow, Registry
 from docstream.api.replicas import Replicas, new_replica_id
 from docstream.api.sampler import SamplerProcess, SamplerSpec, log_format_in_use
+from docstream.api.searcher import Searcher
 from docstream.api.tracker import Tracker
 from docstream.api.watch import ClusterWatch
 from docstream.blobstore import BlobStore, blob_store, private_file
@@ -71,6 +73,7 @@ class ApiService:
     blobs: BlobStore
     replicas: Replicas
     groups: dict[str, str]  # short name -> group id
+    searcher: Searcher
     lock: int  # the file descriptor holding the state folder's lock
     _warehouse_seen: tuple[float, dict[str, Any]] | None = None
     _poller: threading.Thread | None = None
@@ -189,6 +192,7 @@ class ApiService:
             blobs,
             replicas,
             groups,
+            Searcher(settings.warehouse_url),  # the model and the warehouse's client on the first search
             lock,
         )
 
@@ -227,6 +231,7 @@ class ApiService:
         self.keys.close()
         self.outbox.close()
         self.registry.close()
+        self.searcher.close()
         os.close(self.lock)  # releases the state folder
 
     def document(self, document_id: str) -> DocumentRow | None:

@@ -1,6 +1,6 @@
 """The documented shapes of the ingest API's answers and JSON uploads (pydantic, for OpenAPI).
 
-The routes (docstream.api.upload_route, docstream.api.document_routes) answer in these shapes;
+The routes (docstream.api.upload_route, document_routes, search_route) answer in these shapes;
 the OpenAPI document of docstream.api.app draws them under their class names.
 """
 
@@ -95,6 +95,22 @@ class DocumentStatus(DocumentRef):
     traceparent: str
     groups: dict[str, dict[str, Any]] = Field(
         description="per group: state (outbox, queued, processing, done, failed) and its details"
+    )
+
+
+class SearchHit(BaseModel):
+    document_id: str
+    page: int
+    chunk: int = Field(description="the chunk's index on its page")
+    snippet: str = Field(description="the chunk's text, its first 200 characters")
+    score: float = Field(description="cosine similarity to the query, in [-1, 1]; higher is closer")
+
+
+class SearchUnavailable(Error):
+    reason: Literal["nothing_indexed", "warehouse", "model"] = Field(
+        description="nothing_indexed: the warehouse has no chunks yet (`docstream warehouse migrate`, then"
+        " index documents); warehouse: no warehouse answers, or it refused the search; model: the"
+        " embedding model cannot be loaded"
     )
 
 

@@ -7,7 +7,9 @@ type, headers and a body that match the documented schema, invalid input refused
 Once with a valid API key, once without one (every /v1 answer is then a documented 401), on a
 private broker. One document is seeded with done OCR, embeddings and thumbnails results, and
 its id is a dictionary value for `document_id`, so that /text, /chunks and /thumbnails/{index}
-answer 200 too (and not only 404). The examples are bounded and the seed fixed (deterministic
+answer 200 too (and not only 404). The embedded warehouse is migrated, holds a chunk of the key's
+tenant and is served as the sink serves it, so that GET /v1/search answers 200 with a hit (and
+not only its documented 503). The examples are bounded and the seed fixed (deterministic
 generation, no example database), so a run takes about a minute and repeats itself.
 
 Not checked: `positive_data_acceptance` (a schema-valid multipart upload holds any bytes, which
@@ -31,11 +33,25 @@ from typing import Any
 import pytest
 import requests
 from kafka_helpers import private_broker
+from prometheus_client.parser import text_string_to_metric_families
+from typed_records import embedded_event
 
+from consumers.embeddings.model import DIMENSIONS, model_version
+from consumers.warehouse.query_server import serve_queries
+from consumers.warehouse.rows import (
+    CHUNK_COLUMNS,
+    CHUNKS,
+    STAGE_RESULT_COLUMNS,
+    STAGE_RESULTS,
+    chunk_rows,
+    stage_result_row,
+)
+from consumers.warehouse.store import Warehouse
 from docstream.api.keys import KeyStore
 from docstream.api.registry import DONE
 from docstream.api.server import ServedApi, serve_in_thread
 from docstream.api.service import ApiService
+from docstream.cli.warehouse import DDL_DIR
 from docstream.settings import ApiSettings, LimitSettings, Settings
 from infra.broker import LocalBroker
 from producers.documents import text_pdf
@@ -44,6 +60,7 @@ pytestmark = pytest.mark.kafka
 
 PARTITIONS = 3
 SEED = 13
+TENANT = "acme"  # the keyed run's
 CHECKS = (
     "not_a_server_error",
     "status_code_conformance",
@@ -79,7 +96,38 @@ def api_settings(tmp_path_factory: pytest.TempPathFactory, broker: LocalBroker) 
 
 
 @pytest.fixture(scope="module")
-def api(api_settings: Settings) -> Iterator[ServedApi]:
+def warehouse(api_settings: Settings) -> Iterator[Warehouse]:
+    """The API's embedded warehouse, migrated, with one current chunk of TENANT's (a unit vector in
+    the query model's space), served for the API as the sink serves it."""
+    with Warehouse(api_settings.warehouse_url) as opened:
+        opened.migrate(DDL_DIR)
+        sha, version = "5e" * 32, f"{model_version()}:chunks120/20"
+        event = embedded_event(
+            {
+                "document_id": uuid.uuid4().hex,
+                "tenant": TENANT,
+                "content_sha256": sha,
+                "idempotency_key": f"embeddings-{sha}",
+                "stage": "embeddings",
+                "model_version": version,
+                "result_uri": "file:///nowhere/embeddings.json",
+                "completed_at": int(time.time() * 1000),
+                "processing_ms": 1,
+                "upload_at": int(time.time() * 1000),
+                "chunks": 1,
+                "dimensions": DIMENSIONS,
+            }
+        )
+        chunk = {"page": 1, "index": 0, "text": "seeded chunk", "vector": [1.0] + [0.0] * (DIMENSIONS - 1)}
+        opened.insert(CHUNKS, chunk_rows(event, {"chunks": [chunk]}), CHUNK_COLUMNS)
+        opened.insert(STAGE_RESULTS, [stage_result_row(event)], STAGE_RESULT_COLUMNS)
+        with serve_queries(opened) as endpoint:
+            assert endpoint is not None
+            yield opened
+
+
+@pytest.fixture(scope="module")
+def api(api_settings: Settings, warehouse: Warehouse) -> Iterator[ServedApi]:
     with serve_in_thread(ApiService.from_settings(api_settings)) as served:
         yield served
 
@@ -174,8 +222,14 @@ def test_every_operation_conforms_to_the_served_openapi_document(
                 assert {"400", "401"} <= set(operation["responses"]), (method, path)
             assert "HTTPValidationError" not in json.dumps(operation), (method, path)
 
-    key = KeyStore.from_settings(api_settings).create("acme").key
+    key = KeyStore.from_settings(api_settings).create(TENANT).key
     document_id = _seed_done_document(api, key)
+    searched = requests.get(
+        f"{api.url}/v1/search", params={"q": "seed"}, headers={"X-API-Key": key}, timeout=60
+    )
+    assert searched.status_code == 200 and [h["snippet"] for h in searched.json()] == ["seeded chunk"], (
+        searched.text
+    )
 
     (tmp_path / "keyed").mkdir()
     keyed = _schemathesis(api, tmp_path / "keyed", key=key, document_id=document_id, max_examples=30)
@@ -187,6 +241,9 @@ def test_every_operation_conforms_to_the_served_openapi_document(
     assert not keyed["warnings"]["unresolvable_reference"] and not keyed["warnings"]["missing_test_data"], (
         keyed["warnings"]
     )
+    # the search was fuzzed past its refusals: answered with hits, and refused as invalid
+    searches = _requests_by_status(api, "/v1/search")
+    assert searches.get("200", 0) > 10 and searches.get("400", 0) > 10, searches
 
     (tmp_path / "anonymous").mkdir()
     anonymous = _schemathesis(api, tmp_path / "anonymous", key=None, document_id=document_id, max_examples=10)
@@ -194,6 +251,16 @@ def test_every_operation_conforms_to_the_served_openapi_document(
 
     # the API is still well after the run (no thread or connection left stuck)
     assert requests.get(f"{api.url}/health", timeout=10).status_code == 200
+
+
+def _requests_by_status(api: ServedApi, route: str) -> dict[str, float]:
+    """docstream_api_requests_total of `route` per status, from the API's /metrics."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(requests.get(f"{api.url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name == "docstream_api_requests_total" and sample.labels.get("route") == route:
+                counts[sample.labels["status"]] = counts.get(sample.labels["status"], 0) + sample.value
+    return counts
 
 
 def test_hostile_bodies_and_indices_are_refused_not_crashed(api: ServedApi, api_settings: Settings) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, ProgrammingError
+from clickhouse_connect.driver.external import ExternalData
 from typer.testing import CliRunner, Result
 from warehouse_owner import http_query
 
@@ -161,6 +162,14 @@ def test_clickhouse_connects_own_client_reads_the_embedded_warehouse(
             parameters={"p": "it's"},
         )
         assert result.result_rows == [("docstream", 1, "it's")], "the session database is docstream"
+        # parameters past 4 KiB (a query vector) come as multipart/form-data fields
+        vector = [0.125] * 384
+        long = client.query(
+            "SELECT length({v:Array(Float32)}), {v:Array(Float32)}[384]", parameters={"v": vector}
+        )
+        assert long.result_rows == [(384, 0.125)]
+        with pytest.raises(DatabaseError, match="external data"):  # a file part is not taken
+            client.query("SELECT * FROM rows", external_data=_external_rows())
         assert ("chunks",) in client.query("SHOW TABLES").result_rows
         assert client.query("SELECT count() FROM chunks").result_rows == [(0,)]
         with pytest.raises(DatabaseError, match="read-only SQL only") as refused:
@@ -175,6 +184,10 @@ def test_clickhouse_connects_own_client_reads_the_embedded_warehouse(
         clickhouse_connect.get_client(
             host="127.0.0.1", port=endpoint.port, username="docstream", password="guess"
         )
+
+
+def _external_rows() -> ExternalData:
+    return ExternalData(file_name="rows.tsv", data=b"1\n2\n", structure="n UInt8", fmt="TabSeparated")
 
 
 def test_plain_http_reads_it_as_curl_would(served: tuple[Warehouse, Endpoint]) -> None:

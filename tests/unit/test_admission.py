@@ -151,6 +151,30 @@ def test_a_refused_document_takes_no_token() -> None:
     assert control.decide("t", 1).admitted, "its token was still there"
 
 
+def test_a_search_takes_a_token_of_the_same_quota_as_a_document_whatever_the_backlog() -> None:
+    now = [0.0]
+    control = _control(now, quotas={"t": Quota(rate_per_s=2.0, burst=3.0)})
+    control.observe(_snapshot(_group("ocr", (0, 10_000, 1.0, 0.0))), TOPIC)
+    assert control.decide("t", 0).reason == "backlog", "a document is refused for the backlog"
+    assert [control.decide_search("t").admitted for _ in range(3)] == [True, True, True]
+    refused = control.decide_search("t")
+    assert (refused.admitted, refused.reason, refused.retry_after_s) == (False, "quota", 1)
+    assert refused.body()["backlog"] is None and refused.body()["predicted_wait_s"] is None
+    control.observe(_snapshot(_group("ocr", (0, 0, 1.0, 0.0))), TOPIC)  # the backlog is gone
+    assert control.decide("t", 0).reason == "quota", "the searches took the documents' tokens"
+    assert control.admitted() == {"t": 3}, "searches count in what the replicas share"
+    control.refund("t")  # a search that could not be answered
+    assert control.admitted() == {"t": 2} and control.decide("t", 0).admitted
+    now[0] = 0.5
+    assert control.decide_search("t").admitted and control.decide_search("acme").admitted
+
+
+def test_searches_admitted_by_another_replica_are_charged_here() -> None:
+    control = _control(quotas={"t": Quota(rate_per_s=1.0, burst=4.0)})
+    control.charge("t", 3)  # what a peer's heartbeat said it admitted
+    assert [control.decide_search("t").admitted for _ in range(2)] == [True, False]
+
+
 @pytest.mark.parametrize(
     ("objective", "share", "quota"),
     [(0.0, 0.5, (1.0, 1.0)), (60.0, 0.0, (1.0, 1.0)), (60.0, 1.5, (1.0, 1.0))],

@@ -9,11 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from urllib3 import encode_multipart_formdata
 
 from consumers.warehouse.http_interface import (
     ClickHouseHttpError,
     RequestOptions,
     check_credentials,
+    form_fields,
     http_status,
 )
 from consumers.warehouse.query_server import Endpoint, data_dir, endpoint_path
@@ -119,6 +121,28 @@ def test_request_options_take_what_clients_send_and_refuse_settings() -> None:
     with pytest.raises(ClickHouseHttpError) as unknown:
         RequestOptions.of({"default_format": "Template"}, {})
     assert (unknown.value.code, unknown.value.status) == (73, 404)
+
+
+def test_a_multipart_body_gives_its_text_fields_and_refuses_files() -> None:
+    """clickhouse-connect sends the query and its parameters as form fields once they pass 4 KiB
+    (a query vector of 384 numbers does); a file part is external data."""
+    vector = "[" + ",".join(["0.051"] * 384) + "]"
+    fields = {"query": "SELECT {v:Array(Float32)} FORMAT Native", "param_v": vector, "param_t": "caf\u00e9"}
+    body, content_type = encode_multipart_formdata(fields)
+    assert form_fields(body, content_type) == fields
+    assert form_fields(*encode_multipart_formdata({"param_empty": ""})) == {"param_empty": ""}
+    for refused in (
+        encode_multipart_formdata({"query": "SELECT 1", "data": ("rows.tsv", b"1\t2\n", "text/plain")}),
+        encode_multipart_formdata([("param_a", "1"), ("param_a", "2")]),
+        (b"not multipart at all", "multipart/form-data; boundary=nope"),
+        (
+            b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\n\xff\r\n--b--\r\n',
+            "multipart/form-data; boundary=b",
+        ),
+    ):
+        with pytest.raises(ClickHouseHttpError) as error:
+            form_fields(*refused)
+        assert error.value.code == 36, refused
 
 
 def test_errors_read_as_clickhouse_writes_them() -> None:
