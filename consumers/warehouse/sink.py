@@ -138,14 +138,18 @@ class WarehouseSink:
         batch_ms: int = 1000,
         clock: Callable[[], float] = time.monotonic,
         limits: Limits = DEFAULT_LIMITS,
-        beside: Sequence[Background] = (),
     ) -> None:
         self._blobs, self._codec, self._topics = blobs, codec, topics
-        self._limits, self._beside = limits, tuple(beside)
+        self._limits = limits
+        self._beside: list[Background] = []
         self.inserted_rows, self.insert_seconds = 0, 0.0
         self._batcher = Batcher(
             insert, batch_rows=batch_rows, batch_ms=batch_ms, clock=clock, on_flush=self._count
         )
+
+    def run_beside(self, task: Background) -> None:
+        """Start `task` with the sink and close it before the sink's last batch is written."""
+        self._beside.append(task)
 
     def __enter__(self) -> WarehouseSink:
         self._batcher.start()

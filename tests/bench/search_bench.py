@@ -52,7 +52,7 @@ import numpy.typing as npt
 from consumers.embeddings.chunking import chunk_page
 from consumers.embeddings.model import DIMENSIONS, EmbeddingModel
 from consumers.warehouse.batches import write_batch
-from consumers.warehouse.rows import CHUNKS, STAGE_RESULTS, Rows, chunk_rows, stage_result_row
+from consumers.warehouse.rows import CHUNKS, STAGE_RESULTS, Row, Rows, chunk_rows, stage_result_row
 from consumers.warehouse.search import search
 from consumers.warehouse.sink import warehouse_insert
 from consumers.warehouse.store import Warehouse
@@ -145,9 +145,23 @@ def messages(vectors: Vectors, version: str, texts: list[str] | None = None) -> 
 _TEXTS = [" ".join(f"word{(i * 7 + j) % 997}" for j in range(120)) for i in range(4)]  # ~120 words
 
 
-def load(warehouse: Warehouse, vectors: Vectors, version: str, batch_rows: int) -> float:
-    """The chunks into the warehouse through the sink's write path; its rate in chunks per second."""
-    insert = warehouse_insert(warehouse)
+def load(
+    warehouse: Warehouse,
+    vectors: Vectors,
+    version: str,
+    batch_rows: int,
+    inserting: list[float] | None = None,
+) -> float:
+    """The chunks into the warehouse through the sink's write path; its rate in chunks per second.
+    `inserting[0]` adds up the seconds spent in inserts, as the sink's `insert_seconds` does."""
+    write = warehouse_insert(warehouse)
+    spent = inserting if inserting is not None else [0.0]
+
+    def insert(table: str, rows: list[Row]) -> None:
+        started = time.perf_counter()
+        write(table, rows)
+        spent[0] += time.perf_counter() - started
+
     batch: list[Rows] = []
     rows = 0
     started = time.perf_counter()
@@ -232,19 +246,27 @@ def measure(chunks: int, *, say: Any = print) -> dict[str, Any]:
             figures["build_one_round_s"] = done.seconds
         with Warehouse(indexed_url) as warehouse:
             warehouse.migrate(DDL_DIR)
-            rounds = IndexRounds(lambda: Warehouse(indexed_url), every_s=defaults.index_every_s)
+            inserting = [0.0]
+            rounds = IndexRounds(
+                lambda: Warehouse(indexed_url),
+                every_s=defaults.index_every_s,
+                busy_seconds=lambda: inserting[0],
+            )
             rounds.start()
             say(
                 f"loading {len(vectors):,} chunks,"
                 f" the sink with index rounds every {defaults.index_every_s:g} s"
             )
             try:
-                figures["sink_indexed_cps"] = load(warehouse, vectors, version, defaults.batch_rows)
+                figures["sink_indexed_cps"] = load(
+                    warehouse, vectors, version, defaults.batch_rows, inserting
+                )
             finally:
                 rounds.close()
             started = time.perf_counter()
             last = index_round(warehouse, settle_s=0)  # the rest, at full speed (main thread: no nice)
             figures["rounds_during_load"] = len(rounds.rounds)
+            figures["rounds_waited"] = rounds.waited
             figures["rounds_build_s"] = sum(r.seconds for r in rounds.rounds) + last.seconds
             figures["catch_up_after_load_s"] = time.perf_counter() - started
             figures.update(_queries(warehouse, vectors, queries, tenants, model.model_version, say))
@@ -334,6 +356,7 @@ def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
             "ratio": round(figures["sink_indexed_cps"] / figures["sink_plain_cps"], 3),
             "target": SINK_TARGET,
             "rounds_during_load": figures["rounds_during_load"],
+            "rounds_waited_busy_sink": figures["rounds_waited"],
             "rounds_build_s": round(figures["rounds_build_s"], 1),
             "catch_up_after_load_s": round(figures["catch_up_after_load_s"], 1),
             "build_one_round_s": round(figures["build_one_round_s"], 1),

@@ -71,3 +71,26 @@ def test_the_sink_s_rounds_log_an_outage_once_when_it_starts_and_once_when_it_en
     assert lines[0].startswith("search index: a round failed (warehouse unreachable")
     assert lines[1] == "search index: rounds run again"
     assert len(rounds.rounds) >= 3 and warehouse.closed
+
+
+def test_a_round_waits_while_the_sink_is_busy_inserting_but_not_longer_than_max_wait() -> None:
+    now, inserting = [1000.0], [0.0]
+    rounds = IndexRounds(
+        lambda: None,  # type: ignore[arg-type, return-value]
+        every_s=30,
+        busy_seconds=lambda: inserting[0],
+        clock=lambda: now[0],
+    )
+    since, last_round = (now[0], 0.0), now[0]
+    now[0] += 30
+    inserting[0] += 20  # 2/3 of the interval inserting: busy
+    busy, since = rounds._busy(since, last_round)
+    assert busy and since == (1030.0, 20.0)
+    now[0] += 30
+    inserting[0] += 10  # 1/3: the round runs
+    busy, since = rounds._busy(since, last_round)
+    assert not busy
+    now[0] += vector_index.MAX_WAIT_S
+    inserting[0] += vector_index.MAX_WAIT_S  # busy the whole time, but the last round is too old
+    assert not rounds._busy(since, last_round)[0]
+    assert not IndexRounds(lambda: None)._busy(since, last_round)[0]  # type: ignore[arg-type, return-value]
