@@ -70,9 +70,14 @@ WHERE startsWith(model_version, {model:String}) AND ({tenant:String} = '' OR ten
 ORDER BY score DESC, document_id, page, chunk
 LIMIT {k:UInt32}
 """
+# `distance` orders the index's search (its bf16 distances); `similarity` rescores the candidates
+# from the stored Float32 vectors (written otherwise than 1 - cosineDistance, so that the engine
+# computes it and does not reuse the index's value): near ties then fall in their exact order.
 _CANDIDATE_COLUMNS = """document_id, tenant, page, chunk, idempotency_key, model_version,
            substring(text, 1, {snippet:UInt32}) AS snippet,
-           cosineDistance(embedding, {vector:Array(Float32)}) AS distance"""
+           cosineDistance(embedding, {vector:Array(Float32)}) AS distance,
+           dotProduct(embedding, {vector:Array(Float32)})
+               / (L2Norm(embedding) * L2Norm({vector:Array(Float32)})) AS similarity"""
 # /*tenant*/: "" or "AND tenant = {tenant:String}" (an equality: the partition pruning needs it as is).
 # Two statements, not one UNION ALL: measured at 1,000,000 chunks, the union took 42 ms at p50
 # where its two halves took 14 and 7 ms one after the other.
@@ -171,10 +176,10 @@ def _through_index(
         return []
     current = _current_keys(warehouse, candidates)
     best: dict[tuple[str, str, int, int], Hit] = {}
-    for document_id, owner, page, chunk, key, _model, snippet, distance in candidates:
+    for document_id, owner, page, chunk, key, _model, snippet, _distance, similarity in candidates:
         if current.get((owner, document_id)) != key:
             continue
-        hit = Hit(str(document_id), str(owner), int(page), int(chunk), str(snippet), 1.0 - float(distance))
+        hit = Hit(str(document_id), str(owner), int(page), int(chunk), str(snippet), float(similarity))
         best.setdefault((hit.tenant, hit.document_id, hit.page, hit.chunk), hit)
     ranked = sorted(best.values(), key=lambda h: (-h.score, h.document_id, h.page, h.chunk))
     return ranked[:k]
