@@ -70,26 +70,30 @@ WHERE startsWith(model_version, {model:String}) AND ({tenant:String} = '' OR ten
 ORDER BY score DESC, document_id, page, chunk
 LIMIT {k:UInt32}
 """
-# `distance` orders the index's search (its bf16 distances); `similarity` rescores the candidates
-# from the stored Float32 vectors (written otherwise than 1 - cosineDistance, so that the engine
-# computes it and does not reuse the index's value): near ties then fall in their exact order.
 _CANDIDATE_COLUMNS = """document_id, tenant, page, chunk, idempotency_key, model_version,
            substring(text, 1, {snippet:UInt32}) AS snippet,
-           cosineDistance(embedding, {vector:Array(Float32)}) AS distance,
-           dotProduct(embedding, {vector:Array(Float32)})
-               / (L2Norm(embedding) * L2Norm({vector:Array(Float32)})) AS similarity"""
+           cosineDistance(embedding, {vector:Array(Float32)}) AS distance"""
 # /*tenant*/: "" or "AND tenant = {tenant:String}" (an equality: the partition pruning needs it as is).
-# Two statements, not one UNION ALL: measured at 1,000,000 chunks, the union took 42 ms at p50
-# where its two halves took 14 and 7 ms one after the other.
+# The index orders by its own distances (bf16: near ties swap places); the outer query rescores its
+# n rows from the stored Float32 vectors (written otherwise than 1 - cosineDistance, so that the
+# engine computes it rather than reuse the index's value; outside, so that it reads the vectors of
+# those n rows only). Measured at 1,000,000 chunks: recall@10 0.957 without, 0.999 with.
+# Two statements, not one UNION ALL: the union took 42 ms at p50 where its halves took 14 and 7.
 _INDEXED_SQL = """
-SELECT /*columns*/
-FROM /*index*/
-WHERE 1 /*tenant*/
-ORDER BY distance
-LIMIT {n:UInt32}
+SELECT * EXCEPT embedding,
+       dotProduct(embedding, {vector:Array(Float32)})
+           / (L2Norm(embedding) * L2Norm({vector:Array(Float32)})) AS similarity
+FROM
+(
+    SELECT /*columns*/, embedding
+    FROM /*index*/
+    WHERE 1 /*tenant*/
+    ORDER BY distance
+    LIMIT {n:UInt32}
+)
 """.replace("/*columns*/", _CANDIDATE_COLUMNS).replace("/*index*/", INDEX_TABLE)
 _NOT_INDEXED_SQL = """
-SELECT /*columns*/
+SELECT /*columns*/, 1 - distance AS similarity
 FROM docstream.chunks
 WHERE inserted_at > fromUnixTimestamp64Milli({since:Int64}, 'UTC')
   AND length(embedding) = {dimensions:UInt32} /*tenant*/
