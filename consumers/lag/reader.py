@@ -65,7 +65,9 @@ def offset_lag(connection: dict[str, Any], group_id: str, topics: list[str], tim
             for topic in topics
             for p in (metadata.topics[topic].partitions if topic in metadata.topics else {})
         ]
-        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(parts, timeout=timeout)}
+        committed = {
+            (tp.topic, tp.partition): tp.offset for tp in _committed_offsets(consumer, parts, timeout)
+        }
         lag = 0
         for tp in parts:
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
@@ -76,6 +78,27 @@ def offset_lag(connection: dict[str, Any], group_id: str, topics: list[str], tim
         raise translate(exc, f"cannot read the lag of group {group_id}") from exc
     finally:
         consumer.close()
+
+
+_COORDINATOR_MOVING = {
+    KafkaErrorCode.NOT_COORDINATOR,
+    KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaErrorCode.COORDINATOR_NOT_AVAILABLE,
+}
+
+
+def _committed_offsets(consumer: Any, parts: list[TopicPartition], timeout: float, attempts: int = 5) -> Any:
+    """The group's committed offsets, asked again (up to `attempts` times, 0.5 s apart and more)
+    while its coordinator moves or loads: NOT_COORDINATOR is an answer of the moment, not the
+    group's state."""
+    for attempt in range(attempts):
+        try:
+            return consumer.committed(parts, timeout=timeout)
+        except KafkaException as exc:
+            if attempt == attempts - 1 or exc.args[0].code() not in _COORDINATOR_MOVING:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
