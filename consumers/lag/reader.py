@@ -37,7 +37,7 @@ from consumers.lag.snapshot import TopicPartitionKey
 from consumers.lag.targets import GroupTarget
 from docstream.errors import KafkaError
 from docstream.kafka import clients
-from docstream.kafka.errors import code, translate
+from docstream.kafka.errors import COORDINATOR_MOVING, code, translate
 
 COMMITTED_TIMEOUT_S = 120.0
 """How long a group's committed offsets are waited for (see `LagReader._committed_by_consumer`)."""
@@ -80,25 +80,17 @@ def offset_lag(connection: dict[str, Any], group_id: str, topics: list[str], tim
         consumer.close()
 
 
-_COORDINATOR_MOVING = {
-    KafkaErrorCode.NOT_COORDINATOR,
-    KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaErrorCode.COORDINATOR_NOT_AVAILABLE,
-}
-
-
 def _committed_offsets(consumer: Any, parts: list[TopicPartition], timeout: float, attempts: int = 5) -> Any:
-    """The group's committed offsets, asked again (up to `attempts` times, 0.5 s apart and more)
-    while its coordinator moves or loads: NOT_COORDINATOR is an answer of the moment, not the
-    group's state."""
-    for attempt in range(attempts):
+    """The group's committed offsets, asked again (0.5 s apart and more) while its coordinator moves
+    or loads: NOT_COORDINATOR is an answer of the moment, not the group's state."""
+    for attempt in range(attempts - 1):
         try:
             return consumer.committed(parts, timeout=timeout)
         except KafkaException as exc:
-            if attempt == attempts - 1 or exc.args[0].code() not in _COORDINATOR_MOVING:
+            if exc.args[0].code() not in COORDINATOR_MOVING:
                 raise
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+        time.sleep(0.5 * (attempt + 1))
+    return consumer.committed(parts, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -362,8 +354,6 @@ class LagReader:
         finally:
             consumer.unassign()
         return out
-
-    # -- the model of one group ----------------------------------------------------------------
 
 
 class _DebugLog:

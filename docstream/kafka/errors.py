@@ -30,6 +30,7 @@ from docstream.errors import KafkaConfigError, KafkaError
 
 __all__ = [
     "CONFIG_CODES",
+    "COORDINATOR_MOVING",
     "LEADERSHIP_MOVING",
     "TRANSIENT_CODES",
     "KafkaException",
@@ -49,14 +50,18 @@ LEADERSHIP_MOVING = frozenset(  # "not yet" answers right after a topic is creat
     }
 )
 
-TRANSIENT_CODES = LEADERSHIP_MOVING | frozenset(
+COORDINATOR_MOVING = frozenset(
     {
         ConfluentKafkaError.NOT_COORDINATOR,  # a group's coordinator moved
         ConfluentKafkaError.COORDINATOR_LOAD_IN_PROGRESS,  # ... or is still loading its offsets
         ConfluentKafkaError.COORDINATOR_NOT_AVAILABLE,
-        ConfluentKafkaError.REQUEST_TIMED_OUT,
-        ConfluentKafkaError._TIMED_OUT,
     }
+)
+
+TRANSIENT_CODES = (
+    LEADERSHIP_MOVING
+    | COORDINATOR_MOVING
+    | frozenset({ConfluentKafkaError.REQUEST_TIMED_OUT, ConfluentKafkaError._TIMED_OUT})
 )
 
 AUTHENTICATION_CODES = frozenset(
