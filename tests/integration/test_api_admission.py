@@ -218,6 +218,11 @@ def test_a_stopped_group_gets_429_and_retry_after_says_when_the_api_admits_again
                 answer = post(api, auth, priority)
                 if answer.status_code == 202:
                     assert priority not in first_refused, "admitted again while ocr is stopped"
+                    # Bulk is refused first: once interactive work is refused, bulk is never admitted.
+                    # (Not a comparison of the two first refusals' times: the backlog arrives at once,
+                    # so one sample can cross both thresholds between this loop's bulk and
+                    # interactive requests, refusing interactive a moment before bulk's next request.)
+                    assert "interactive" not in first_refused, "bulk admitted after interactive was refused"
                     admitted += 1
                 else:
                     assert answer.status_code == 429, answer.text
@@ -225,7 +230,6 @@ def test_a_stopped_group_gets_429_and_retry_after_says_when_the_api_admits_again
                     refusals.append(answer)
             assert time.monotonic() - started < 20, f"no 429 for both classes: {first_refused}"
             time.sleep(0.25)
-        assert first_refused["bulk"] <= first_refused["interactive"], "bulk is refused first"
         for refused in refusals:
             body = refused.json()
             assert body["reason"] == "backlog" and body["backlog"] >= BACKLOG, body
