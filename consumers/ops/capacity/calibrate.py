@@ -1,0 +1,215 @@
+"""`docstream calibrate`: the simulator against a real autoscaled run of the same step scenario.
+
+Per policy (`reactive`, `docstream`, or both, one after the other):
+
+1. the real run (`consumers.ops.capacity.calibrate_run.run_real`): a sleeping stage of known
+   service time on docstream's runtime, scaled by the local autoscaler, the step's arrivals
+   published open loop, the lag model sampled every second;
+2. the simulation (`consumers.ops.capacity.calibrate_compare`): the recorded arrivals as a trace,
+   the same service law, the measured start as the cold start, the rebalance pause (given, or
+   the replicas' measured ready -> assigned), the commit interval, the autoscaler's tick, every
+   mechanism on;
+3. side by side: time outside the objective (the time lag above it, per sample, on both sides),
+   the time to drain, the peak backlog and replica-seconds, with the ratio sim/real of each. Where
+   a ratio falls outside 0.8..1.25, the simulation is run again with each mechanism off in turn,
+   and the report names the mechanism that moves the missed measure most (`explain`).
+
+`calibrate(...)` runs it on a cluster it is given; `on_fresh_cluster` starts one as the drills do
+(`consumers.ops.chaos.harness.started_cluster`) and stops it after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from consumers.ops.capacity.calibrate_compare import (
+    MECHANISMS,
+    Curve,
+    Measures,
+    Ratio,
+    Step,
+    build_scenario,
+    compare,
+    measures,
+    scenario_mapping,
+    simulate_curve,
+)
+from consumers.ops.capacity.calibrate_run import RealRun, run_real
+
+__all__ = ["Calibration", "CalibrationReport", "calibrate", "compare_run", "on_fresh_cluster"]
+
+
+@dataclass
+class Calibration:
+    """One policy: the real run, the simulation fed its measurements, and the ratios."""
+
+    kind: str
+    real: RealRun
+    cold_start_s: float  # the measured start the simulator was given
+    rebalance_pause_s: float  # the pause the simulator was given
+    pause_source: str  # "given" or "measured (ready -> assigned)"
+    real_measures: Measures
+    sim_curve: Curve
+    sim_measures: Measures
+    sim_report: dict[str, Any]
+    ratios: tuple[Ratio, ...]
+    # Only where a ratio misses: per mechanism switched off, the ratios then; and per missed
+    # measure, the mechanism that moves it most (with its ratio without that mechanism).
+    without: dict[str, tuple[Ratio, ...]] = field(default_factory=dict)
+    explain: dict[str, tuple[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        return all(r.holds for r in self.ratios)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.kind,
+            "holds": self.holds,
+            "cold_start_s": round(self.cold_start_s, 3),
+            "rebalance_pause_s": round(self.rebalance_pause_s, 3),
+            "rebalance_pause_source": self.pause_source,
+            "real": self.real_measures.to_dict(),
+            "sim": self.sim_measures.to_dict(),
+            "ratios": [r.to_dict() for r in self.ratios],
+            "without": {m: [r.to_dict() for r in rs] for m, rs in self.without.items()},
+            "explain": {
+                measure: {"mechanism": m, "ratio_without": None if v is None else _finite(v)}
+                for measure, (m, v) in self.explain.items()
+            },
+            "sim_time_outside_lag_s": self.sim_report.get("time_outside_lag_s"),
+            "real_run": self.real.to_dict(),
+            "sim_curve": self.sim_curve.to_dict(),
+        }
+
+
+def _finite(value: float) -> float | str:
+    return str(value) if math.isinf(value) else round(value, 3)
+
+
+@dataclass
+class CalibrationReport:
+    step: Step
+    policies: list[Calibration]
+
+    @property
+    def holds(self) -> bool:
+        return all(p.holds for p in self.policies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": {k: v for k, v in self.step.__dict__.items()},
+            "band": [0.8, 1.25],
+            "holds": self.holds,
+            "policies": [p.to_dict() for p in self.policies],
+        }
+
+    def table(self) -> list[str]:
+        """The comparison as fixed-width lines: per policy and measure, real, sim and the ratio."""
+        head = f"{'policy':<10} {'measure':<16} {'real':>10} {'sim':>10} {'sim/real':>9}  holds"
+        lines = [head, "-" * len(head)]
+        for p in self.policies:
+            for r in p.ratios:
+                value = "-" if r.value is None else ("inf" if math.isinf(r.value) else f"{r.value:.2f}")
+                lines.append(
+                    f"{p.kind:<10} {r.measure:<16} {_cell(r.measure, r.real):>10} "
+                    f"{_cell(r.measure, r.sim):>10} {value:>9}  {'yes' if r.holds else 'NO'}"
+                )
+            for measure, (mechanism, without) in p.explain.items():
+                shown = "-" if without is None else ("inf" if math.isinf(without) else f"{without:.2f}")
+                lines.append(f"{'':<10} {measure} misses; without {mechanism} the ratio is {shown}")
+        return lines
+
+
+def _cell(measure: str, value: float | None) -> str:
+    if value is None:
+        return "never"
+    if measure == "peak_backlog":
+        return f"{value:.0f}"
+    return f"{value:.1f} s" if measure != "replica_seconds" else f"{value:.0f}"
+
+
+def compare_run(real: RealRun, rebalance_pause_s: float | None = None) -> Calibration:
+    """The simulation of a real run with its measurements, and the comparison (pure)."""
+    step = real.step
+    cold = real.measured_start_s()
+    if cold is None:
+        raise ValueError("the real run has no measured start: no replica reached `ready`")
+    if rebalance_pause_s is None:
+        joins = [s.assigned_s for s in real.scale_up_starts() if s.assigned_s is not None]
+        pause, source = (statistics.median(joins), "measured (ready -> assigned)") if joins else (0.0, "none")
+    else:
+        pause, source = rebalance_pause_s, "given"
+    scenario = build_scenario(
+        scenario_mapping(
+            step, real.kind, timestamps=real.timestamps, cold_start_s=cold, rebalance_pause_s=pause
+        )
+    )
+    real_m = measures(real.curve, step.objective_s, step.step_at_s)
+    sim_curve, sim_report = simulate_curve(scenario)
+    sim_m = measures(sim_curve, step.objective_s, step.step_at_s)
+    ratios = compare(real_m, sim_m)
+    out = Calibration(real.kind, real, cold, pause, source, real_m, sim_curve, sim_m, sim_report, ratios)
+    missed = [r for r in ratios if not r.holds]
+    if missed:
+        for mechanism in MECHANISMS:
+            curve, _ = simulate_curve(scenario, without=[mechanism])
+            out.without[mechanism] = compare(real_m, measures(curve, step.objective_s, step.step_at_s))
+        for r in missed:
+            out.explain[r.measure] = _most_moving(r, out.without)
+    return out
+
+
+def _most_moving(missed: Ratio, without: dict[str, tuple[Ratio, ...]]) -> tuple[str, float | None]:
+    """The mechanism whose removal moves the missed measure's ratio the most (log scale)."""
+
+    def moved(rs: tuple[Ratio, ...]) -> float:
+        other = next(r for r in rs if r.measure == missed.measure).value
+        if other is None or missed.value is None:
+            return math.inf if (other is None) != (missed.value is None) else 0.0
+        if other <= 0 or missed.value <= 0 or math.isinf(other) or math.isinf(missed.value):
+            return math.inf if other != missed.value else 0.0
+        return abs(math.log(other / missed.value))
+
+    mechanism = max(without, key=lambda m: moved(without[m]))
+    value = next(r for r in without[mechanism] if r.measure == missed.measure).value
+    return mechanism, value
+
+
+def calibrate(
+    step: Step,
+    kinds: Sequence[str],
+    bootstrap: str,
+    work: Path,
+    *,
+    rebalance_pause_s: float | None = None,
+    lead_s: float = 0.0,
+    say: Callable[[str], None] = print,
+) -> CalibrationReport:
+    """Each policy's real run on the cluster at `bootstrap`, its simulation, the comparison."""
+    report = CalibrationReport(step, [])
+    for kind in kinds:
+        real = run_real(step, kind, bootstrap, work / kind, lead_s=lead_s, say=say)
+        report.policies.append(compare_run(real, rebalance_pause_s))
+    return report
+
+
+@contextlib.contextmanager
+def on_fresh_cluster(work: Path) -> Iterator[str]:
+    """A fresh one-broker local cluster for the run (as the drills start one); its bootstrap."""
+    from consumers.ops.chaos.harness import started_cluster  # only this path starts a cluster
+
+    folder = work / "cluster"
+    shutil.rmtree(folder, ignore_errors=True)
+    cluster = started_cluster(folder, 1)
+    try:
+        yield cluster.bootstrap
+    finally:
+        cluster.stop(timeout=15)
