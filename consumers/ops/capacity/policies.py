@@ -36,10 +36,14 @@ class Metrics:
     completion_rate: float  # events/s over the same window
     head_age_s: float  # how long the oldest waiting event has waited (the time lag)
     ready: int | None = None  # replicas that serve now (started and ready, within the partitions)
+    # With commit lag (issue 26): the events not committed, and the oldest one's age (what Kafka's
+    # lag shows); None: no commit lag modelled, lag = waiting + in service, time lag = head age.
+    unsettled: int | None = None
+    time_lag_s: float | None = None
 
     @property
     def lag(self) -> int:
-        return self.waiting + self.in_service
+        return self.unsettled if self.unsettled is not None else self.waiting + self.in_service
 
 
 class Decider(Protocol):
@@ -136,14 +140,15 @@ class _Docstream:
     def desired(self, m: Metrics, current: int) -> int:
         # As consumers.ops.autoscaler_policy.observation: current = the live replicas (started,
         # ready or not), ready = those that serve (the group's members), lag = waiting + in
-        # service, backlog_s = the time lag (the oldest unsettled event).
+        # service (or the uncommitted events), backlog_s = the time lag (the oldest waiting event,
+        # or with commit lag the oldest uncommitted one).
         obs = Observation(
             now_ms=round(m.t * 1000),
             current_replicas=current,
             lag_events=m.lag,
             arrival_rate=max(0.0, m.arrival_rate),
             completion_rate=max(0.0, m.completion_rate),
-            backlog_s=m.head_age_s,
+            backlog_s=m.time_lag_s if m.time_lag_s is not None else m.head_age_s,
             partitions=self.partitions,
             ready_replicas=m.ready,
         )
