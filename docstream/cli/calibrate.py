@@ -121,6 +121,10 @@ def _replayed(folder: Path, kinds: tuple[str, ...], rebalance_pause: float | Non
     return CalibrationReport(runs[0].step, [compare_run(run, rebalance_pause) for run in runs])
 
 
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def _print(report: CalibrationReport, work: Path, plot: Path | None) -> None:
     s = report.step
     typer.echo(
@@ -129,11 +133,13 @@ def _print(report: CalibrationReport, work: Path, plot: Path | None) -> None:
         f"{s.objective_s:g} s of time lag; autoscaler tick {s.interval_s:g} s"
     )
     for p in report.policies:
-        join = p.real.observed_join_s()
+        r = p.real
         typer.echo(
-            f"{p.kind}: measured start {p.cold_start_s:.2f} s (launch -> ready), rebalance pause "
-            f"{p.rebalance_pause_s:.2f} s ({p.pause_source}); ready -> first served "
-            f"{'-' if join is None else f'{join:.2f} s'}; {len(p.real.timestamps)} events"
+            f"{p.kind}: {len(r.timestamps)} events; a replica's launch -> ready {_s(r.measured_start_s())}, "
+            f"-> assigned {_s(r.measured_join_s())}, -> first served {_s(r.observed_first_serve_s())}; "
+            f"a moved partition's gap {_s(r.measured_pause_s())} ({len(r.moves)} moves); simulated "
+            f"with cold start {p.cold_start_s:.2f} s, rebalance pause {p.rebalance_pause_s:.2f} s "
+            f"({p.pause_source})"
         )
     for line in report.table():
         typer.echo(line)

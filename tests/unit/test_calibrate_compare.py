@@ -23,7 +23,15 @@ from consumers.ops.capacity.calibrate_compare import (
     ratio,
     scenario_mapping,
 )
-from consumers.ops.capacity.calibrate_run import ReactiveEvaluator, RealRun, Start, _starts, scaling_config
+from consumers.ops.capacity.calibrate_run import (
+    ReactiveEvaluator,
+    RealRun,
+    Start,
+    _milestones,
+    _moves,
+    _starts,
+    scaling_config,
+)
 from consumers.ops.capacity.calibrate_stage import service_time
 from consumers.ops.capacity.policies import build_decider
 from consumers.ops.capacity.scenario import parse_scenario
@@ -130,7 +138,7 @@ def test_compare_gives_one_ratio_per_measure_in_order() -> None:
 
 def test_the_explanation_names_the_mechanism_that_moves_the_missed_ratio_most() -> None:
     missed = Ratio("drain_s", 20.0, 10.0, 0.5)
-    without = {
+    without: dict[str, tuple[Ratio, ...]] = {
         "rebalance": (Ratio("drain_s", 20.0, 8.0, 0.4),),
         "commit": (Ratio("drain_s", 20.0, 9.5, 0.475),),
         "metrics": (Ratio("drain_s", 20.0, 10.0, 0.5),),
@@ -159,6 +167,7 @@ def test_the_steps_arrivals_are_seeded_poisson_at_each_rate() -> None:
         ({"rate_after": 0.0}, "positive"),
         ({"max_replicas": 20}, "partitions"),
         ({"interval_s": 0.0}, "positive"),
+        ({"interval_s": 2.5}, "multiple of the sample period"),
     ],
 )
 def test_a_step_refuses_impossible_settings(changes: dict[str, Any], message: str) -> None:
@@ -256,7 +265,8 @@ def test_starts_pair_each_launch_with_its_milestones() -> None:
     run = RealRun("docstream", Step(), [1.0], curve([0.0]), [1.0], starts)
     assert run.measured_start_s() == 3.0  # every replica's launch -> ready
     assert [s.pid for s in run.scale_up_starts()] == [12, 13]
-    assert run.observed_join_s() == 4.25
+    assert run.measured_join_s() == 7.0  # the scale-up ones: launch -> assigned
+    assert run.observed_first_serve_s() == 7.25
 
 
 def test_a_real_run_survives_its_json() -> None:
@@ -272,3 +282,20 @@ def test_a_real_run_survives_its_json() -> None:
     back = RealRun.from_dict(run.to_dict())
     assert back.step == run.step and back.curve == run.curve and back.starts == run.starts
     assert back.timestamps == run.timestamps and back.decisions == run.decisions
+
+
+def test_a_moved_partitions_gap_runs_from_its_removal_to_its_next_addition() -> None:
+    records: list[dict[str, Any]] = [
+        {"pid": 1, "milestone": "partitions", "at": 5.0, "added": [0, 1, 2, 3], "removed": []},
+        {"pid": 1, "milestone": "ready", "at": 4.0},
+        {"pid": 1, "milestone": "partitions", "at": 20.0, "added": [], "removed": [2, 3]},
+        {"pid": 2, "milestone": "partitions", "at": 21.5, "added": [2], "removed": []},
+        {"pid": 3, "milestone": "partitions", "at": 23.0, "added": [3], "removed": []},
+    ]
+    assert _moves(records, since=10.0) == [1.5, 3.0]  # the first assignment moved nothing
+    assert _moves(records, since=22.0) == [3.0]  # only additions during the run
+    assert _milestones(records) == {
+        1: {"partitions": 5.0, "ready": 4.0},
+        2: {"partitions": 21.5},
+        3: {"partitions": 23.0},
+    }

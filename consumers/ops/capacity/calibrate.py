@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,9 +51,9 @@ class Calibration:
 
     kind: str
     real: RealRun
-    cold_start_s: float  # the measured start the simulator was given
-    rebalance_pause_s: float  # the pause the simulator was given
-    pause_source: str  # "given" or "measured (ready -> assigned)"
+    cold_start_s: float  # the simulator's cold start: the measured launch -> assigned, less the pause
+    rebalance_pause_s: float  # the simulator's pause: a moved partition's measured gap (or given)
+    pause_source: str  # "given", "measured (moved partitions)" or "none moved"
     real_measures: Measures
     sim_curve: Curve
     sim_measures: Measures
@@ -139,14 +138,21 @@ def _cell(measure: str, value: float | None) -> str:
 def compare_run(real: RealRun, rebalance_pause_s: float | None = None) -> Calibration:
     """The simulation of a real run with its measurements, and the comparison (pure)."""
     step = real.step
-    cold = real.measured_start_s()
-    if cold is None:
-        raise ValueError("the real run has no measured start: no replica reached `ready`")
-    if rebalance_pause_s is None:
-        joins = [s.assigned_s for s in real.scale_up_starts() if s.assigned_s is not None]
-        pause, source = (statistics.median(joins), "measured (ready -> assigned)") if joins else (0.0, "none")
-    else:
+    joined, ready = real.measured_join_s(), real.measured_start_s()
+    if joined is None or ready is None:
+        raise ValueError("the real run has no measured start: no replica was assigned partitions")
+    if rebalance_pause_s is not None:
         pause, source = rebalance_pause_s, "given"
+    else:
+        measured = real.measured_pause_s()
+        pause, source = (
+            (measured, "measured (moved partitions)") if measured is not None else (0.0, "none moved")
+        )
+    # The simulator's new replica serves its moved partitions cold + pause after the decision; the
+    # real one holds them from its join (launch -> assigned), and they were served by their old
+    # owner until the revoke, `pause` before. So cold = the join less the pause (at least the
+    # process's own start).
+    cold = max(ready, joined - pause)
     scenario = build_scenario(
         scenario_mapping(
             step, real.kind, timestamps=real.timestamps, cold_start_s=cold, rebalance_pause_s=pause

@@ -80,6 +80,12 @@ class Step:
             raise ValueError("need 1 <= min_replicas <= max_replicas <= partitions")
         if min(self.interval_s, self.sample_s, self.commit_interval_s, self.rate_window_s) <= 0:
             raise ValueError("the tick, sample period, commit interval and rate window must be positive")
+        if abs(self.interval_s / self.sample_s - self.samples_per_tick) > 1e-9:
+            raise ValueError(f"the tick ({self.interval_s:g} s) must be a multiple of the sample period")
+
+    @property
+    def samples_per_tick(self) -> int:
+        return max(1, round(self.interval_s / self.sample_s))
 
     @property
     def service_rate(self) -> float:

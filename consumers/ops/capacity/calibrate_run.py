@@ -12,8 +12,9 @@ One policy's run (`run_real(step, kind, bootstrap, work)`):
 3. the arrivals, open loop: the step's seeded Poisson times (`Step.arrival_times`), each event
    published at its time with its record timestamp set to the moment it was sent (recorded);
 4. every `step.sample_s` a `LagMonitor` sample (the group's lag, time lag and members) and the
-   autoscaler's replicas; every `step.interval_s` the autoscaler ticks on the latest sample (what
-   `docstream up --autoscale`'s autoscaler would have read);
+   autoscaler's replicas; at `step.interval_s`, twice that ... of the run the autoscaler ticks on
+   the sample just taken (what `docstream up --autoscale`'s autoscaler reads at its tick), on the
+   simulator's schedule;
 5. the replicas' starts from the stage's milestones (`ready`, `assigned`, `served`) against the
    launch times; the decisions from the autoscaler's decision log.
 
@@ -68,12 +69,14 @@ class ReactiveEvaluator:
     def evaluate(self, observation: Observation) -> Decision:
         metrics = Metrics(
             t=observation.now_ms / 1000,
-            waiting=observation.lag_events,  # with metric: lag, waiting + in service is the lag
+            waiting=observation.lag_events,  # the queue depth as Kafka shows it: the offset lag
             in_service=0,
             arrival_rate=observation.arrival_rate,
             completion_rate=observation.completion_rate,
             head_age_s=observation.backlog_s,
             ready=observation.ready_replicas,
+            unsettled=observation.lag_events,  # the committed offset lag (the simulator's commit lag)
+            time_lag_s=observation.backlog_s,
         )
         current = observation.current_replicas
         desired = self.decider.desired(metrics, current)
@@ -137,24 +140,39 @@ class RealRun:
     arrivals: list[float]  # events/s per sample interval
     starts: list[Start]
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    moves: list[float] = field(default_factory=list)  # each moved partition's gap (s), during the run
 
     def scale_up_starts(self) -> list[Start]:
         """The replicas launched during the run (the first ones started before it, idle)."""
         return [s for s in self.starts if s.launched_at >= 0]
 
+    def measured_pause_s(self) -> float | None:
+        """The median gap of a moved partition (its removal at one member -> its addition at the
+        next): the cooperative rebalance's pause; None when no partition moved."""
+        return statistics.median(self.moves) if self.moves else None
+
+    def measured_join_s(self) -> float | None:
+        """The median launch -> first partitions of the replicas started during the run (of every
+        replica when none was): from the decision's start until the replica can serve."""
+        joined = [
+            s.ready_s + s.assigned_s
+            for s in (self.scale_up_starts() or self.starts)
+            if s.ready_s is not None and s.assigned_s is not None
+        ]
+        return statistics.median(joined) if joined else None
+
     def measured_start_s(self) -> float | None:
-        """The median launch -> ready of every replica (the first ones too: a process's start
-        does not depend on the traffic); None when none got that far."""
+        """The median launch -> ready (the process's start, imports and clients) of every replica
+        (a start does not depend on the traffic); None when none got that far."""
         values = [s.ready_s for s in self.starts if s.ready_s is not None]
         return statistics.median(values) if values else None
 
-    def observed_join_s(self) -> float | None:
-        """The median ready -> first event served of those replicas: the join, the rebalance and
-        the first event (beside the probe's rebalance pause, which the simulator is given)."""
+    def observed_first_serve_s(self) -> float | None:
+        """The median launch -> first event served of the replicas started during the run."""
         values = [
-            s.assigned_s + s.served_s
+            s.ready_s + s.assigned_s + s.served_s
             for s in self.scale_up_starts()
-            if s.assigned_s is not None and s.served_s is not None
+            if s.ready_s is not None and s.assigned_s is not None and s.served_s is not None
         ]
         return statistics.median(values) if values else None
 
@@ -169,7 +187,10 @@ class RealRun:
             "arrivals": [round(a, 3) for a in self.arrivals],
             "starts": [s.to_dict() for s in self.starts],
             "measured_start_s": _round(self.measured_start_s()),
-            "observed_join_s": _round(self.observed_join_s()),
+            "measured_join_s": _round(self.measured_join_s()),
+            "measured_pause_s": _round(self.measured_pause_s()),
+            "observed_first_serve_s": _round(self.observed_first_serve_s()),
+            "moves": [round(m, 3) for m in self.moves],
             "decisions": self.decisions,
         }
 
@@ -190,6 +211,7 @@ class RealRun:
             arrivals=[float(a) for a in data["arrivals"]],
             starts=[Start(**s) for s in data["starts"]],
             decisions=list(data["decisions"]),
+            moves=[float(m) for m in data.get("moves", ())],
         )
 
 
@@ -246,13 +268,41 @@ def _publish(
         producer.flush(30)
 
 
-def _milestones(path: Path) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The stage's milestone lines (a line cut short by a process being stopped is left out)."""
+    out: list[dict[str, Any]] = []
     if path.exists():
         for line in path.read_text().splitlines():
-            record = json.loads(line)
-            out.setdefault(int(record["pid"]), {}).setdefault(str(record["milestone"]), float(record["at"]))
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
     return out
+
+
+def _milestones(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """pid -> milestone -> the first time it was noted."""
+    out: dict[int, dict[str, float]] = {}
+    for record in records:
+        out.setdefault(int(record["pid"]), {}).setdefault(str(record["milestone"]), float(record["at"]))
+    return out
+
+
+def _moves(records: list[dict[str, Any]], since: float) -> list[float]:
+    """Each partition's gap from its removal at one member to its addition at another, for the
+    additions at or after `since` (wall clock): what a cooperative rebalance pauses a moved one."""
+    changes = sorted((r for r in records if r["milestone"] == "partitions"), key=lambda r: float(r["at"]))
+    removed_at: dict[int, float] = {}
+    gaps: list[float] = []
+    for change in changes:
+        at = float(change["at"])
+        for partition in change["removed"]:
+            removed_at[int(partition)] = at
+        for partition in change["added"]:
+            gone = removed_at.pop(int(partition), None)
+            if gone is not None and at >= since:
+                gaps.append(max(0.0, at - gone))
+    return gaps
 
 
 def _starts(launched: dict[int, float], milestones: dict[int, dict[str, float]], t0: float) -> list[Start]:
@@ -366,7 +416,7 @@ def _drive(
         time.sleep(0.5)
         latest.append(monitor.sample())
         pids = set(launches.at)
-        assigned = {pid for pid, m in _milestones(milestones).items() if "assigned" in m}
+        assigned = {pid for pid, m in _milestones(_records(milestones)).items() if "assigned" in m}
         if latest[-1].groups[0].members >= step.min_replicas and pids <= assigned:
             break
         if time.monotonic() > deadline:
@@ -379,7 +429,6 @@ def _drive(
     t0 = time.time()
     publisher = threading.Thread(target=_publish, args=(conf, topic, times, t0, sent, stop), daemon=True)
     publisher.start()
-    autoscaler.tick()  # the policy's evaluations at 0, interval_s, 2 interval_s ... of the run
     ts: list[float] = []
     time_lags: list[float] = []
     lags: list[float] = []
@@ -401,7 +450,8 @@ def _drive(
                 k += 1
                 continue
             latest.append(snapshot)
-            autoscaler.run_pending()
+            if k % step.samples_per_tick == 0:  # at interval_s, 2 interval_s ... (the simulator's)
+                autoscaler.tick()
             now = snapshot.time_ms / 1000 - t0
             group = snapshot.groups[0]
             status = autoscaler.status()[STAGE]
@@ -427,13 +477,15 @@ def _drive(
         publisher.join(timeout=60)
     latest.clear()
     autoscaler.request_stop()
+    records = _records(milestones)
     return RealRun(
         kind=kind,
         step=step,
         timestamps=list(sent),
         curve=Curve(tuple(ts), tuple(time_lags), tuple(lags), tuple(replicas), tuple(members)),
         arrivals=arrivals,
-        starts=_starts(launches.at, _milestones(milestones), t0),
+        starts=_starts(launches.at, _milestones(records), t0),
+        moves=_moves(records, t0),
         decisions=[json.loads(line) for line in decisions.read_text().splitlines()]
         if decisions.exists()
         else [],

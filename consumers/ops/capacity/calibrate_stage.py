@@ -11,7 +11,10 @@ as long again.
 What the run measures of the process, one JSON line appended to `--log` per milestone, each with
 its pid and the wall clock (epoch seconds): `ready` (the runtime is built and about to join: the
 process's start, imports and clients done), `assigned` (its first partitions), `served` (its first
-event finished). `consumers.ops.capacity.calibrate_run` pairs them with the launch time.
+event finished), and `partitions` at every change of the topic's partitions it holds (`added`,
+`removed`; the runtime's assignment, watched every 10 ms): a moved partition's gap is the time
+from its removal at one member to its addition at another. `consumers.ops.capacity.calibrate_run`
+pairs them with the launch times.
 """
 
 from __future__ import annotations
@@ -44,17 +47,24 @@ def service_time(key: bytes, mean_s: float) -> float:
     return -mean_s * math.log(u)
 
 
-def _note(log: Path, milestone: str, at: float) -> None:
+def _note(log: Path, milestone: str, at: float, **fields: object) -> None:
     with log.open("a") as out:
-        out.write(json.dumps({"pid": os.getpid(), "milestone": milestone, "at": at}) + "\n")
+        out.write(json.dumps({"pid": os.getpid(), "milestone": milestone, "at": at, **fields}) + "\n")
 
 
-def _watch_assignment(worker: Worker, log: Path, stop: threading.Event) -> None:
-    """Note the first time the worker holds a partition (the runtime's own assignment set)."""
+def _watch_assignment(worker: Worker, topic: str, log: Path, stop: threading.Event) -> None:
+    """Note each change of the topic's partitions the worker holds (the runtime's own assignment
+    set), and the first time it holds any."""
+    held: set[int] = set()
     while not stop.wait(_ASSIGNMENT_POLL_S):
-        if worker.stats.assigned:
-            _note(log, "assigned", time.time())
-            return
+        now_held = {p for t, p in worker.stats.assigned.copy() if t == topic}
+        if now_held == held:
+            continue
+        at = time.time()
+        if not held:
+            _note(log, "assigned", at)
+        _note(log, "partitions", at, added=sorted(now_held - held), removed=sorted(held - now_held))
+        held = now_held
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     worker.install_signal_handlers()
     stop = threading.Event()
-    threading.Thread(target=_watch_assignment, args=(worker, log, stop), daemon=True).start()
+    threading.Thread(target=_watch_assignment, args=(worker, args.topic, log, stop), daemon=True).start()
     _note(log, "ready", time.time())
     try:
         worker.run()
