@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.ops.capacity.report import Timeline
 from consumers.ops.capacity.scenario import Scenario, parse_scenario
 from consumers.ops.capacity.simulate import MERGE_GAP_S, simulate_policy
 
@@ -292,12 +293,16 @@ def compare(real: Measures, sim: Measures) -> tuple[Ratio, ...]:
 # --------------------------------------------------------------------------------------------
 
 
-def curve_of_timeline(timeline: Any) -> Curve:
-    """A simulator `Timeline` as a `Curve` (its per-second `time_lag`, `backlog`, `replicas`, `ready`)."""
+def curve_of_timeline(timeline: Timeline) -> Curve:
+    """A simulator `Timeline` as a `Curve`: its per-second `time_lag`, `replicas`, `ready`, and as
+    the lag its `unsettled` events (the offset lag, with commit lag) where the simulator gives
+    them, else its `backlog` (waiting + in service: short of the real lag by the finished events
+    not yet committed: the interface change calibrate asked for)."""
+    unsettled = getattr(timeline, "unsettled", None)  # not in every simulator version
     return Curve(
         t=tuple(timeline.t),
         time_lag=tuple(timeline.time_lag),
-        lag=tuple(timeline.backlog),
+        lag=tuple(unsettled if unsettled else timeline.backlog),
         replicas=tuple(timeline.replicas),
         members=tuple(timeline.ready),
     )
