@@ -23,7 +23,7 @@ import typer
 from consumers.ops.capacity.calibrate import CalibrationReport, calibrate, compare_run, on_fresh_cluster
 from consumers.ops.capacity.calibrate_compare import Step
 from consumers.ops.capacity.calibrate_plot import plot_calibration
-from consumers.ops.capacity.calibrate_run import RealRun
+from consumers.ops.capacity.calibrate_record import RealRun
 from docstream.cli._common import console, print_json, reports_errors
 from docstream.errors import ConfigurationError
 from docstream.settings import load_settings

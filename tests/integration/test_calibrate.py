@@ -22,7 +22,8 @@ import pytest
 
 from consumers.ops.capacity.calibrate import Calibration, compare_run
 from consumers.ops.capacity.calibrate_compare import MEASURES, Step, measures
-from consumers.ops.capacity.calibrate_run import RealRun, run_real
+from consumers.ops.capacity.calibrate_record import RealRun
+from consumers.ops.capacity.calibrate_run import run_real
 
 STEP = Step(duration_s=70.0, step_at_s=14.0)
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from consumers.ops.capacity.calibrate_compare import Curve, Step
 from consumers.ops.capacity.calibrate_plot import HEIGHT, WIDTH
-from consumers.ops.capacity.calibrate_run import RealRun, Start
+from consumers.ops.capacity.calibrate_record import RealRun, Start
 from docstream.cli import app
 
 runner = CliRunner()

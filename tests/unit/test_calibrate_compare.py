@@ -23,15 +23,8 @@ from consumers.ops.capacity.calibrate_compare import (
     ratio,
     scenario_mapping,
 )
-from consumers.ops.capacity.calibrate_run import (
-    ReactiveEvaluator,
-    RealRun,
-    Start,
-    _milestones,
-    _moves,
-    _starts,
-    scaling_config,
-)
+from consumers.ops.capacity.calibrate_policy import ReactiveEvaluator, scaling_config
+from consumers.ops.capacity.calibrate_record import RealRun, Start, milestones, moves, starts
 from consumers.ops.capacity.calibrate_stage import service_time
 from consumers.ops.capacity.policies import build_decider
 from consumers.ops.capacity.scenario import parse_scenario
@@ -252,17 +245,17 @@ def test_the_reactive_evaluator_scales_on_lag_as_the_simulators_hpa() -> None:
 
 def test_starts_pair_each_launch_with_its_milestones() -> None:
     launched = {11: 100.0, 12: 130.0, 13: 131.0}
-    milestones = {
+    noted = {
         11: {"ready": 101.5, "assigned": 102.0, "served": 103.0},
         12: {"ready": 133.0, "assigned": 137.0, "served": 137.25},
         13: {"ready": 134.0},  # stopped before it was assigned
     }
-    starts = _starts(launched, milestones, t0=110.0)
-    assert [s.launched_at for s in starts] == [-10.0, 20.0, 21.0]
-    assert [s.ready_s for s in starts] == [1.5, 3.0, 3.0]
-    assert [s.assigned_s for s in starts] == [0.5, 4.0, None]
-    assert [s.served_s for s in starts] == [1.0, 0.25, None]
-    run = RealRun("docstream", Step(), [1.0], curve([0.0]), [1.0], starts)
+    found = starts(launched, noted, t0=110.0)
+    assert [s.launched_at for s in found] == [-10.0, 20.0, 21.0]
+    assert [s.ready_s for s in found] == [1.5, 3.0, 3.0]
+    assert [s.assigned_s for s in found] == [0.5, 4.0, None]
+    assert [s.served_s for s in found] == [1.0, 0.25, None]
+    run = RealRun("docstream", Step(), [1.0], curve([0.0]), [1.0], found)
     assert run.measured_start_s() == 3.0  # every replica's launch -> ready
     assert [s.pid for s in run.scale_up_starts()] == [12, 13]
     assert run.measured_join_s() == 7.0  # the scale-up ones: launch -> assigned
@@ -292,9 +285,9 @@ def test_a_moved_partitions_gap_runs_from_its_removal_to_its_next_addition() -> 
         {"pid": 2, "milestone": "partitions", "at": 21.5, "added": [2], "removed": []},
         {"pid": 3, "milestone": "partitions", "at": 23.0, "added": [3], "removed": []},
     ]
-    assert _moves(records, since=10.0) == [1.5, 3.0]  # the first assignment moved nothing
-    assert _moves(records, since=22.0) == [3.0]  # only additions during the run
-    assert _milestones(records) == {
+    assert moves(records, since=10.0) == [1.5, 3.0]  # the first assignment moved nothing
+    assert moves(records, since=22.0) == [3.0]  # only additions during the run
+    assert milestones(records) == {
         1: {"partitions": 5.0, "ready": 4.0},
         2: {"partitions": 21.5},
         3: {"partitions": 23.0},

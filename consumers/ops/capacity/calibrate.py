@@ -40,7 +40,8 @@ from consumers.ops.capacity.calibrate_compare import (
     scenario_mapping,
     simulate_curve,
 )
-from consumers.ops.capacity.calibrate_run import RealRun, run_real
+from consumers.ops.capacity.calibrate_record import RealRun
+from consumers.ops.capacity.calibrate_run import run_real
 
 __all__ = ["Calibration", "CalibrationReport", "calibrate", "compare_run", "on_fresh_cluster"]
 
