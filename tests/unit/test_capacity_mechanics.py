@@ -205,6 +205,8 @@ def test_commit_every_c_seconds_ages_the_time_lag_by_half_of_it() -> None:
     shift = statistics.fmean(committed.time_lag[20:]) - statistics.fmean(plain.time_lag[20:])
     assert shift == pytest.approx(4.5, abs=0.15)
     assert max(committed.time_lag) == pytest.approx(9.0, abs=0.5)  # the second before a commit
+    assert statistics.fmean(committed.unsettled[20:]) == pytest.approx(20 * 4.5, rel=0.1)
+    assert plain.unsettled == plain.backlog
 
 
 def test_time_outside_by_the_time_lag_counts_the_seconds_over_the_objective() -> None:
