@@ -12,6 +12,10 @@ Per evaluation, with μ the service rate of one replica (events/s):
 - arrival (leading indicator): `by_arrival = ceil(arrival_rate / (μ * target_utilisation))`;
 - burst: when `backlog_s > objective_s` the objective is already broken: `current + burst_step`.
 
+With committed offsets the lag reads older than the work left by up to the commit interval
+(`measurement_lag_s`): the burst rule and the lag rule discount it. The wait rule sizes one pooled
+queue (M/M/n), or with `lanes` split queues (each replica serving its own partitions).
+
 The recommendation is the largest of these, clamped to `[min(min_replicas, cap), cap]` with
 `cap = min(max_replicas, partitions[, active_keys])`: a partition is consumed by one member of the
 group, so replicas beyond the partition count sit idle. Key-ordered concurrency (the runtime's

@@ -91,27 +91,12 @@ def plan_command(
         float | None,
         typer.Option("--outage", help="seconds the group was stopped: a backlog of λ x that many seconds"),
     ] = None,
-    ramp: Annotated[
-        float,
-        typer.Option(
-            "--ramp",
-            help="with a backlog: seconds from the restart until the replicas serve (nothing served)",
-        ),
-    ] = 0.0,
+    ramp: Annotated[float, typer.Option("--ramp", help="seconds until the replicas serve (catch-up)")] = 0.0,
     efficiency: Annotated[
-        float,
-        typer.Option(
-            "--efficiency",
-            help="with a backlog: each replica's throughput when the c replicas share the cores (0 < E <= 1)",
-        ),
+        float, typer.Option("--efficiency", help="per-replica throughput sharing the cores, 0 < E <= 1")
     ] = 1.0,
     zipf: Annotated[
-        float | None,
-        typer.Option(
-            "--zipf",
-            metavar="S",
-            help="key skew: Zipf exponent of the partitions' shares (needs --partitions)",
-        ),
+        float | None, typer.Option("--zipf", metavar="S", help="key skew: Zipf exponent over the partitions")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
