@@ -34,10 +34,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # re-exported, no __all__
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]  # re-exported, no __all__
 
 from docstream.errors import BrokerError
+from docstream.kafka import clients
 from docstream.kafka.config import consumer_config
 from docstream.settings import RuntimeSettings
 from infra.broker import LocalBroker, free_port
@@ -105,7 +106,7 @@ class _Member(threading.Thread):
 
     def __init__(self, name: str, conf: dict[str, Any], topic: str, sink: Callable[[str, int, float], None]):
         super().__init__(name=name, daemon=True)
-        self.consumer = Consumer(conf)
+        self.consumer = clients.consumer(conf)
         self.consumer.subscribe([topic])
         self.sink = sink
         self.stop = threading.Event()
@@ -131,7 +132,7 @@ def probe_rebalance(
     """N members steady, one joins, then one leaves; the pauses of each change."""
     runtime = runtime or RuntimeSettings()
     topic = f"rebalance-{assignor}-{members}-{time.time_ns()}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = clients.admin_client({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     conf = consumer_config({"bootstrap.servers": bootstrap}, f"g-{topic}", runtime)
     conf["partition.assignment.strategy"] = ASSIGNORS[assignor]
@@ -145,7 +146,7 @@ def probe_rebalance(
             by_partition[partition].append(t)
 
     done = threading.Event()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    producer = clients.producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
 
     def produce() -> None:
         i = 0

@@ -25,6 +25,9 @@ class Timeline:
     # 0 when there is none: what `docstream lag` and the autoscaler's backlog_s show.
     time_lag: list[float] = field(default_factory=list)
     ready: list[float] = field(default_factory=list)  # replicas serving (ready, within the partitions)
+    # The events not settled as the lag model sees them (Kafka's offset lag): with commit lag the
+    # arrived less the committed, otherwise waiting + in service (= backlog).
+    unsettled: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

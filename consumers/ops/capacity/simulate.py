@@ -203,6 +203,8 @@ def simulate_policy(
         timeline.replicas.append(float(current))
         timeline.time_lag.append(time_lag)
         timeline.ready.append(float(ready_serving))
+        unsettled = arrived - group.settled if commit_every is not None else backlog
+        timeline.unsettled.append(float(unsettled))
 
         # 4. The policy, every interval_s, on what the monitor saw (now, or as of its samples).
         evaluate = end >= next_eval and end < duration
@@ -219,7 +221,7 @@ def simulate_policy(
                 completion_rate=(completed_cum[-1] - completed_cum[lo]) / span,
                 head_age_s=end - head if head is not None else 0.0,
                 ready=ready_serving,
-                unsettled=arrived - group.settled if commit_every is not None else None,
+                unsettled=unsettled if commit_every is not None else None,
                 time_lag_s=time_lag if commit_every is not None else None,
             )
             if delays is not None:
