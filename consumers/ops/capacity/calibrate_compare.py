@@ -294,15 +294,13 @@ def compare(real: Measures, sim: Measures) -> tuple[Ratio, ...]:
 
 
 def curve_of_timeline(timeline: Timeline) -> Curve:
-    """A simulator `Timeline` as a `Curve`: its per-second `time_lag`, `replicas`, `ready`, and as
-    the lag its `unsettled` events (the offset lag, with commit lag) where the simulator gives
-    them, else its `backlog` (waiting + in service: short of the real lag by the finished events
-    not yet committed: the interface change calibrate asked for)."""
-    unsettled = getattr(timeline, "unsettled", None)  # not in every simulator version
+    """A simulator `Timeline` as a `Curve`: its per-second `time_lag`, `unsettled` (the offset lag:
+    with commit lag the events not committed, as a real group's lag counts them), `replicas` and
+    `ready`."""
     return Curve(
         t=tuple(timeline.t),
         time_lag=tuple(timeline.time_lag),
-        lag=tuple(unsettled if unsettled else timeline.backlog),
+        lag=tuple(timeline.unsettled),
         replicas=tuple(timeline.replicas),
         members=tuple(timeline.ready),
     )
