@@ -149,10 +149,11 @@ def compare_run(real: RealRun, rebalance_pause_s: float | None = None) -> Calibr
         pause, source = (
             (measured, "measured (moved partitions)") if measured is not None else (0.0, "none moved")
         )
-    # The simulator's new replica serves its moved partitions cold + pause after the decision; the
-    # real one holds them from its join (launch -> assigned), and they were served by their old
-    # owner until the revoke, `pause` before. So cold = the join less the pause (at least the
-    # process's own start).
+    # The simulator's joining replica (cooperative) takes its partitions cold + pause after the
+    # decision, their old owners serving them until then; the real one takes them at its join
+    # (launch -> assigned). So cold = the join less the pause (at least the process's own start),
+    # the pause being what a moved partition waits in the real run (the simulator's wait for a
+    # leaver's partitions; on a join it moves them without a gap, the real ones wait that long).
     cold = max(ready, joined - pause)
     scenario = build_scenario(
         scenario_mapping(
