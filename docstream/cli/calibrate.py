@@ -139,7 +139,7 @@ def _print(report: CalibrationReport, work: Path, plot: Path | None) -> None:
             f"-> assigned {_s(r.measured_join_s())}, -> first served {_s(r.observed_first_serve_s())}; "
             f"a moved partition's gap {_s(r.measured_pause_s())} ({len(r.moves)} moves); simulated "
             f"with cold start {p.cold_start_s:.2f} s, rebalance pause {p.rebalance_pause_s:.2f} s "
-            f"({p.pause_source})"
+            f"({p.pause_source}); service times {p.service}"
         )
     for line in report.table():
         typer.echo(line)

@@ -19,6 +19,7 @@ from consumers.ops.capacity.calibrate_compare import (
     Step,
     compare,
     measures,
+    median_measures,
     policy_settings,
     ratio,
     scenario_mapping,
@@ -113,6 +114,19 @@ def test_ratio_is_sim_over_real_and_holds_within_the_band(
     assert Ratio("time_outside_s", real, sim, value).holds is holds
 
 
+def test_the_simulated_value_is_each_measures_median_over_the_seeds() -> None:
+    runs = [
+        Measures(10.0, 20.0, 100.0, 1000.0),
+        Measures(0.0, None, 50.0, 900.0),  # never drained: the longest
+        Measures(4.0, 12.0, 70.0, 950.0),
+    ]
+    assert median_measures(runs) == Measures(4.0, 20.0, 70.0, 950.0)
+    assert median_measures(runs[:2]) == Measures(5.0, None, 75.0, 950.0)  # the middle falls on "never"
+    assert median_measures(runs[::2]) == Measures(7.0, 16.0, 85.0, 975.0)
+    with pytest.raises(ValueError, match="no runs"):
+        median_measures([])
+
+
 def test_compare_gives_one_ratio_per_measure_in_order() -> None:
     real = Measures(10.0, 20.0, 100.0, 1000.0)
     sim = Measures(12.0, 10.0, 100.0, 1100.0)
@@ -181,10 +195,12 @@ def test_the_simulators_scenario_carries_the_runs_measurements() -> None:
     assert mapping["mechanics"]["rebalance"]["pause_s"] == 3.0
     assert mapping["mechanics"]["rebalance"]["assignor"] == "cooperative"
     assert mapping["mechanics"]["commit"]["interval_s"] == 2.0
-    assert mapping["mechanics"]["metrics"]["exporter_interval_s"] == 1.0
+    assert mapping["mechanics"]["metrics"]["exporter_interval_s"] == 0.0  # decided on the tick's own sample
     assert mapping["mechanics"]["partitions"] == {"enabled": True, "skew": "uniform"}
     assert mapping["policies"] == [policy_settings(step, "docstream")]
     assert "mechanics" not in scenario_mapping(step, "reactive", mechanics=False)
+    replayed = scenario_mapping(step, "reactive", timestamps=[0.5], service_times=[0.1234567, 0.5])
+    assert replayed["service"] == {"kind": "samples", "values_s": [0.123457, 0.5], "order": "arrival"}
 
 
 def test_the_docstream_policys_settings_match_the_real_autoscalers() -> None:
@@ -255,7 +271,8 @@ def test_starts_pair_each_launch_with_its_milestones() -> None:
     assert [s.ready_s for s in found] == [1.5, 3.0, 3.0]
     assert [s.assigned_s for s in found] == [0.5, 4.0, None]
     assert [s.served_s for s in found] == [1.0, 0.25, None]
-    run = RealRun("docstream", Step(), [1.0], curve([0.0]), [1.0], found)
+    run = RealRun("docstream", Step(), [1.0, 2.0], curve([0.0]), [1.0], found)
+    assert run.service_times() == [service_time(b"e0", 0.2), service_time(b"e1", 0.2)]  # the stage's
     assert run.measured_start_s() == 3.0  # every replica's launch -> ready
     assert [s.pid for s in run.scale_up_starts()] == [12, 13]
     assert run.measured_join_s() == 7.0  # the scale-up ones: launch -> assigned

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.ops.capacity.calibrate_compare import (
+    MEASURES,
     MECHANISMS,
     Curve,
     Measures,
@@ -37,13 +38,18 @@ from consumers.ops.capacity.calibrate_compare import (
     build_scenario,
     compare,
     measures,
+    median_measures,
     scenario_mapping,
     simulate_curve,
 )
 from consumers.ops.capacity.calibrate_record import RealRun
 from consumers.ops.capacity.calibrate_run import run_real
+from consumers.ops.capacity.scenario import Scenario
+from consumers.ops.capacity.scenario_fields import ScenarioError
 
-__all__ = ["Calibration", "CalibrationReport", "calibrate", "compare_run", "on_fresh_cluster"]
+__all__ = ["SIM_SEEDS", "Calibration", "CalibrationReport", "calibrate", "compare_run", "on_fresh_cluster"]
+
+SIM_SEEDS = 10  # simulations per run: each measure's simulated value is the median over them
 
 
 @dataclass
@@ -64,6 +70,8 @@ class Calibration:
     # measure, the mechanism that moves it most (with its ratio without that mechanism).
     without: dict[str, tuple[Ratio, ...]] = field(default_factory=dict)
     explain: dict[str, tuple[str, float | None]] = field(default_factory=dict)
+    service: str = ""  # how the simulator drew the service times
+    sim_range: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # over the seeds
 
     @property
     def holds(self) -> bool:
@@ -76,6 +84,10 @@ class Calibration:
             "cold_start_s": round(self.cold_start_s, 3),
             "rebalance_pause_s": round(self.rebalance_pause_s, 3),
             "rebalance_pause_source": self.pause_source,
+            "service": self.service,
+            "sim_range": {
+                k: [None if v is None else round(v, 3) for v in lo_hi] for k, lo_hi in self.sim_range.items()
+            },
             "real": self.real_measures.to_dict(),
             "sim": self.sim_measures.to_dict(),
             "ratios": [r.to_dict() for r in self.ratios],
@@ -112,15 +124,19 @@ class CalibrationReport:
         }
 
     def table(self) -> list[str]:
-        """The comparison as fixed-width lines: per policy and measure, real, sim and the ratio."""
-        head = f"{'policy':<10} {'measure':<16} {'real':>10} {'sim':>10} {'sim/real':>9}  holds"
+        """The comparison as fixed-width lines: per policy and measure, real, sim (the median over
+        the seeds, and their range) and the ratio."""
+        head = f"{'policy':<10} {'measure':<16} {'real':>10} {'sim':>10} {'sim range':>17} {'sim/real':>9}"
+        head += "  holds"
         lines = [head, "-" * len(head)]
         for p in self.policies:
             for r in p.ratios:
                 value = "-" if r.value is None else ("inf" if math.isinf(r.value) else f"{r.value:.2f}")
+                low, high = p.sim_range.get(r.measure, (r.sim, r.sim))
+                spread = f"{_cell(r.measure, low)}..{_cell(r.measure, high)}"
                 lines.append(
                     f"{p.kind:<10} {r.measure:<16} {_cell(r.measure, r.real):>10} "
-                    f"{_cell(r.measure, r.sim):>10} {value:>9}  {'yes' if r.holds else 'NO'}"
+                    f"{_cell(r.measure, r.sim):>10} {spread:>17} {value:>9}  {'yes' if r.holds else 'NO'}"
                 )
             for measure, (mechanism, without) in p.explain.items():
                 shown = "-" if without is None else ("inf" if math.isinf(without) else f"{without:.2f}")
@@ -136,8 +152,14 @@ def _cell(measure: str, value: float | None) -> str:
     return f"{value:.1f} s" if measure != "replica_seconds" else f"{value:.0f}"
 
 
-def compare_run(real: RealRun, rebalance_pause_s: float | None = None) -> Calibration:
-    """The simulation of a real run with its measurements, and the comparison (pure)."""
+def compare_run(
+    real: RealRun, rebalance_pause_s: float | None = None, *, seeds: int = SIM_SEEDS
+) -> Calibration:
+    """The simulation of a real run with its measurements, and the comparison (pure).
+
+    The simulation runs `seeds` times (seeds 1..N: the partition each event lands on, the
+    simulator's own draws, and without replayed service times the service times too); each
+    measure's simulated value is its median over them, and its range is reported beside it."""
     step = real.step
     joined, ready = real.measured_join_s(), real.measured_start_s()
     if joined is None or ready is None:
@@ -155,24 +177,62 @@ def compare_run(real: RealRun, rebalance_pause_s: float | None = None) -> Calibr
     # the pause being what a moved partition waits in the real run (the simulator's wait for a
     # leaver's partitions; on a join it moves them without a gap, the real ones wait that long).
     cold = max(ready, joined - pause)
-    scenario = build_scenario(
-        scenario_mapping(
-            step, real.kind, timestamps=real.timestamps, cold_start_s=cold, rebalance_pause_s=pause
-        )
-    )
+    scenario, replayed = _scenario(real, cold, pause)
     real_m = measures(real.curve, step.objective_s, step.step_at_s)
-    sim_curve, sim_report = simulate_curve(scenario)
-    sim_m = measures(sim_curve, step.objective_s, step.step_at_s)
+    runs = [simulate_curve(scenario, seed=seed) for seed in range(1, seeds + 1)]
+    sim_m = median_measures([measures(c, step.objective_s, step.step_at_s) for c, _ in runs])
+    sim_curve, sim_report = runs[0]
     ratios = compare(real_m, sim_m)
     out = Calibration(real.kind, real, cold, pause, source, real_m, sim_curve, sim_m, sim_report, ratios)
+    out.service = "replayed (each event's own time)" if replayed else f"exponential, median of {seeds} seeds"
+    out.sim_range = {
+        name: _range([measures(c, step.objective_s, step.step_at_s).get(name) for c, _ in runs])
+        for name in MEASURES
+    }
     missed = [r for r in ratios if not r.holds]
     if missed:
         for mechanism in MECHANISMS:
-            curve, _ = simulate_curve(scenario, without=[mechanism])
-            out.without[mechanism] = compare(real_m, measures(curve, step.objective_s, step.step_at_s))
+            without = median_measures(
+                [
+                    measures(
+                        simulate_curve(scenario, without=[mechanism], seed=seed)[0],
+                        step.objective_s,
+                        step.step_at_s,
+                    )
+                    for seed in range(1, seeds + 1)
+                ]
+            )
+            out.without[mechanism] = compare(real_m, without)
         for r in missed:
             out.explain[r.measure] = _most_moving(r, out.without)
     return out
+
+
+def _scenario(real: RealRun, cold: float, pause: float) -> tuple[Scenario, bool]:
+    """The run's scenario with each event's own service time, where the simulator takes them in
+    arrival order (`samples` with `order: arrival`); else with the step's exponential law."""
+
+    def mapping(service_times: list[float] | None) -> dict[str, Any]:
+        return scenario_mapping(
+            real.step,
+            real.kind,
+            timestamps=real.timestamps,
+            cold_start_s=cold,
+            rebalance_pause_s=pause,
+            service_times=service_times,
+        )
+
+    try:
+        return build_scenario(mapping(real.service_times())), True
+    except ScenarioError:  # a simulator without replayed service times
+        return build_scenario(mapping(None)), False
+
+
+def _range(values: list[float | None]) -> tuple[float | None, float | None]:
+    """(min, max), None standing for "never drained" (above every number)."""
+    key = [math.inf if v is None else v for v in values]
+    low, high = min(key), max(key)
+    return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
 
 
 def _most_moving(missed: Ratio, without: dict[str, tuple[Ratio, ...]]) -> tuple[str, float | None]:

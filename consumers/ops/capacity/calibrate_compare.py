@@ -38,6 +38,7 @@ __all__ = [
     "compare",
     "curve_of_timeline",
     "measures",
+    "median_measures",
     "policy_settings",
     "ratio",
     "scenario_mapping",
@@ -138,11 +139,16 @@ def scenario_mapping(
     timestamps: Sequence[float] | None = None,
     cold_start_s: float = 0.0,
     rebalance_pause_s: float = 0.0,
+    service_times: Sequence[float] | None = None,
     mechanics: bool = True,
 ) -> dict[str, Any]:
     """The simulator's scenario of one policy's run: the recorded `timestamps` (None: the step's
-    rates, for a decider built before the run), the measured start and rebalance pause, every
-    mechanism on (`mechanics`; off: no `mechanics` block, for a decider, which needs none)."""
+    rates, for a decider built before the run), the measured start and rebalance pause, the
+    events' own `service_times` in arrival order (None: the step's exponential law), every
+    mechanism on (`mechanics`; off: no `mechanics` block, for a decider, which needs none).
+
+    The metric delay is 0: the run's autoscaler decides on a lag sample taken at its tick (as
+    `docstream up --autoscale`'s does), with no exporter, scrape or poll between."""
     arrivals: dict[str, Any] = (
         {"kind": "trace", "timestamps": [round(t, 6) for t in timestamps]}
         if timestamps
@@ -156,7 +162,11 @@ def scenario_mapping(
         "interval_s": step.interval_s,
         "disturbance_at_s": step.step_at_s,
         "arrivals": arrivals,
-        "service": {"kind": "exponential", "mean_s": step.mean_service_s},
+        "service": (
+            {"kind": "samples", "values_s": [round(v, 6) for v in service_times], "order": "arrival"}
+            if service_times
+            else {"kind": "exponential", "mean_s": step.mean_service_s}
+        ),
         "replicas": {"initial": step.min_replicas, "partitions": step.partitions},
         "cold_start": {"model_load_s": round(cold_start_s, 3)},
         "policies": [policy_settings(step, kind)],
@@ -164,7 +174,7 @@ def scenario_mapping(
     if mechanics:
         mapping["mechanics"] = {
             "rebalance": {"enabled": True, "assignor": "cooperative", "pause_s": round(rebalance_pause_s, 3)},
-            "metrics": {"enabled": True, "exporter_interval_s": step.sample_s},
+            "metrics": {"enabled": True, "exporter_interval_s": 0.0},
             "partitions": {"enabled": True, "skew": "uniform"},
             "commit": {"enabled": True, "interval_s": step.commit_interval_s},
         }
@@ -280,6 +290,26 @@ def ratio(real: float | None, sim: float | None) -> float | None:
     if real == 0:
         return 1.0 if sim == 0 else math.inf
     return sim / real
+
+
+def median_measures(runs: Sequence[Measures]) -> Measures:
+    """Each measure's median over `runs` (a drain time of None, never drained, counts as the
+    longest; the median is None when it falls on one)."""
+    if not runs:
+        raise ValueError("no runs to take the median of")
+    values: dict[str, float | None] = {}
+    for name in MEASURES:
+        ordered = sorted((m.get(name) for m in runs), key=lambda v: math.inf if v is None else v)
+        middle = len(ordered) // 2
+        low, high = ordered[(len(ordered) - 1) // 2], ordered[middle]
+        values[name] = None if low is None or high is None else (low + high) / 2
+    time_outside, peak, replica_s = (
+        values["time_outside_s"],
+        values["peak_backlog"],
+        values["replica_seconds"],
+    )
+    assert time_outside is not None and peak is not None and replica_s is not None  # never None
+    return Measures(time_outside, values["drain_s"], peak, replica_s)
 
 
 def compare(real: Measures, sim: Measures) -> tuple[Ratio, ...]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.ops.capacity.calibrate_compare import Curve, Step
+from consumers.ops.capacity.calibrate_stage import event_key, service_time
 
 __all__ = ["RealRun", "Start", "milestones", "moves", "read_records", "starts"]
 
@@ -45,6 +46,11 @@ class RealRun:
     starts: list[Start]
     decisions: list[dict[str, Any]] = field(default_factory=list)
     moves: list[float] = field(default_factory=list)  # each moved partition's gap (s), during the run
+
+    def service_times(self) -> list[float]:
+        """Each published event's service time, in publish order: the stage sleeps a time fixed by
+        the event's key (`calibrate_stage.service_time`), so it is known without asking the stage."""
+        return [service_time(event_key(i), self.step.mean_service_s) for i in range(len(self.timestamps))]
 
     def scale_up_starts(self) -> list[Start]:
         """The replicas launched during the run (the first ones started before it, idle)."""

@@ -45,6 +45,7 @@ from consumers.ops.capacity.calibrate_compare import Curve, Step
 from consumers.ops.capacity.calibrate_policy import evaluator_factory, scaling_config
 from consumers.ops.capacity.calibrate_record import RealRun, moves, read_records, starts
 from consumers.ops.capacity.calibrate_record import milestones as milestones_of
+from consumers.ops.capacity.calibrate_stage import event_key
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup
 from docstream.errors import DocstreamError
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic
@@ -99,7 +100,7 @@ def _publish(
             if stop.wait(max(0.0, t0 + at - time.time())):
                 break
             now = time.time()
-            producer.produce(topic, key=f"e{i}".encode(), value=b"calibrate", timestamp=int(now * 1000))
+            producer.produce(topic, key=event_key(i), value=b"calibrate", timestamp=int(now * 1000))
             sent.append(now - t0)
             producer.poll(0)
     finally:

@@ -32,10 +32,15 @@ from consumers.runtime import Context, Worker
 from consumers.runtime.message import Message
 from docstream.settings import RuntimeSettings
 
-__all__ = ["service_time"]
+__all__ = ["event_key", "service_time"]
 
 _ASSIGNMENT_POLL_S = 0.01
 _TOP = float(1 << 64)
+
+
+def event_key(i: int) -> bytes:
+    """The key of the run's i-th event (in publish order)."""
+    return f"e{i}".encode()
 
 
 def service_time(key: bytes, mean_s: float) -> float:
