@@ -226,7 +226,10 @@ def simulate_policy(
             )
             if delays is not None:
                 seen.append(metrics)
-                metrics = replace(seen[delays.index(end)], t=end)
+                index = delays.index(end)
+                metrics = replace(seen[index], t=end)
+                if evaluate and index == 0:  # no sample has reached the policy yet: no decision
+                    evaluate, next_eval = False, next_eval + s.interval_s
         if evaluate:
             next_eval += s.interval_s
             desired = max(0, decider.desired(metrics, current))
