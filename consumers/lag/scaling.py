@@ -69,8 +69,31 @@ def _replicas_for(amount: float, per_replica: float) -> int:
     return _ceil(amount / per_replica)
 
 
+def _busiest_share(n: int, partitions: int) -> float:
+    """The share of the events the busiest of n replicas gets when each serves its own partitions:
+    a balanced assignment gives it ceil(partitions / n) of them (12 over 10 replicas: 2 of 12)."""
+    return math.ceil(partitions / n) / partitions
+
+
+def _replicas_for_split_rate(rate: float, per_replica: float, partitions: int, cap: int) -> int:
+    """The fewest replicas (up to `cap`) whose busiest one gets at most `per_replica` events/s."""
+    if rate <= 0:
+        return 0
+    for n in range(1, cap + 1):
+        if rate * _busiest_share(n, partitions) <= per_replica * (1 + _REL_EPS):
+            return n
+    return cap
+
+
 def _replicas_for_wait(
-    rate: float, mu: float, objective_s: float, tail: float, cap: int, *, lanes: int | None = None
+    rate: float,
+    mu: float,
+    objective_s: float,
+    tail: float,
+    cap: int,
+    *,
+    lanes: int | None = None,
+    partitions: int = 1,
 ) -> int:
     """The fewest replicas (up to `cap`) for which P(wait > objective_s) <= tail.
 
@@ -79,15 +102,20 @@ def _replicas_for_wait(
     replicas at 80 % with a 200 ms objective and 40 ms events leave about 1 % of events late, while
     40 replicas at 80 % leave none; this rule adds the headroom where the objective is tight against
     the service time. Split (`lanes` = k: each replica serves its own partitions, k events at a
-    time: n M/M/k queues of rate / n each, lanes of mu / k): P(wait > t) =
-    C(k, k rate / (n mu)) * exp(-(mu - rate / n) * t); with k = 1, rho * exp(-(mu - rate / n) * t).
+    time): the busiest replica is an M/M/k queue of r = rate x ceil(partitions / n) / partitions
+    (its share of the partitions), lanes of mu / k: P(wait > t) = C(k, k r / mu) * exp(-(mu - r) t);
+    with k = 1, (r / mu) * exp(-(mu - r) * t).
     """
     if rate <= 0 or not mu > 0:
         return 0
     a = rate / mu
     if lanes is not None:
-        for n in range(max(1, math.floor(a) + 1), cap + 1):
-            if erlang_c(lanes, lanes * a / n) * math.exp(-(mu - rate / n) * objective_s) <= tail:
+        for n in range(1, cap + 1):
+            busiest = rate * _busiest_share(n, partitions)
+            if (
+                busiest < mu
+                and erlang_c(lanes, lanes * busiest / mu) * math.exp(-(mu - busiest) * objective_s) <= tail
+            ):
                 return n
         return cap
     for n, erlang_b in erlang_b_series(a, cap):
@@ -146,9 +174,10 @@ class ScalingConfig:
     # burst rule and the busy test discount it from backlog_s, the lag rule from lag_events.
     # 0: the lag is what is left (the simulator without commit lag).
     measurement_lag_s: float = 0.0
-    # How the replicas share the work, for the wait rule: None, one pooled queue (M/M/n, Erlang
-    # C); k, each replica serves its own partitions k events at a time (split queues: n M/M/k of
-    # λ/n each; 1: one event at a time, as the simulator's per-partition queues).
+    # How the replicas share the work, for the arrival and wait rules: None, one pooled queue
+    # (M/M/n, Erlang C); k, each replica serves its own partitions k events at a time (split
+    # queues: the busiest replica holds ceil(partitions / n) of them, an M/M/k of that share; 1:
+    # one event at a time, as the simulator's per-partition queues).
     lanes: int | None = None
 
     def __post_init__(self) -> None:
@@ -335,12 +364,22 @@ def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple
     by_lag = by_arrival = by_burst = None
     if mu is not None:
         by_lag = _replicas_for(_lag_events(config, obs), mu * config.objective_s)
-        by_arrival = _replicas_for(rate, mu * config.target_utilisation)
+        by_arrival = (
+            _replicas_for(rate, mu * config.target_utilisation)
+            if config.lanes is None
+            else _replicas_for_split_rate(rate, mu * config.target_utilisation, obs.partitions, cap)
+        )
         if config.wait_quantile is not None and by_arrival < cap:
             by_arrival = max(
                 by_arrival,
                 _replicas_for_wait(
-                    rate, mu, config.objective_s, 1 - config.wait_quantile, cap, lanes=config.lanes
+                    rate,
+                    mu,
+                    config.objective_s,
+                    1 - config.wait_quantile,
+                    cap,
+                    lanes=config.lanes,
+                    partitions=obs.partitions,
                 ),
             )
     # The burst rule acts on a breach that is not queue noise: one that persisted since the last

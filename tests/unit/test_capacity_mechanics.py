@@ -303,15 +303,29 @@ def test_the_commit_interval_is_not_a_breach() -> None:
 
 
 def test_the_wait_rule_for_split_queues() -> None:
-    """λ = 20, μ = 10, objective 1 s, at most 0.1 % late. Pooled (M/M/n): 4 replicas. Split, one event
-    at a time each (n M/M/1 of 20/n): P(wait > 1) = rho e^(-(10 - 20/n)) is 0.5 e^-5 = 0.0034 at
-    n = 4, 0.4 e^-6 = 0.00099 at n = 5: 5 replicas."""
+    """λ = 20, μ = 10, objective 1 s, at most 0.1 % late. Pooled (M/M/n): 3 replicas. Split, one
+    event at a time each, over 20 partitions (the busiest replica an M/M/1 of its share): P(wait >
+    1) = rho e^(-(10 - r)) is 0.5 e^-5 = 0.0034 at n = 4 (r = 5), 0.4 e^-6 = 0.00099 at n = 5: 5
+    replicas. Over 12 partitions 5 replicas leave the busiest 3 of them (r = 5 again): 6."""
     pooled = ScalingConfig(objective_s=1.0, service_rate_per_replica=10, up_window_s=0)
     split = ScalingConfig(**{**pooled.__dict__, "lanes": 1})
-    obs = observation(lag_events=0, backlog_s=0.0)
+    obs = observation(lag_events=0, backlog_s=0.0, partitions=20)
     assert decide(pooled, PolicyState(), obs)[0].by_arrival == 3  # ceil(20 / 8); Erlang C: 3 is enough
     assert decide(split, PolicyState(), obs)[0].by_arrival == 5
     assert 0.4 * math.exp(-6) <= 0.001 < 0.5 * math.exp(-5)
+    assert decide(split, PolicyState(), observation(lag_events=0, backlog_s=0.0))[0].by_arrival == 6
+
+
+def test_split_queues_size_the_busiest_replica() -> None:
+    """200/s over 12 partitions at μ = 25/s with a 0.8 target: 10 replicas leave two of them 2
+    partitions, 33.3/s, over μ; the arrival rule asks 12 (16.7/s each), where pooled it asks 10."""
+    config = ScalingConfig(
+        objective_s=60.0, service_rate_per_replica=25, max_replicas=12, up_window_s=0, wait_quantile=None
+    )
+    split = ScalingConfig(**{**config.__dict__, "lanes": 1})
+    obs = observation(arrival_rate=200.0, completion_rate=200.0, lag_events=0, backlog_s=0.0)
+    assert decide(config, PolicyState(), obs)[0].by_arrival == 10
+    assert decide(split, PolicyState(), obs)[0].by_arrival == 12
 
 
 # --------------------------------------------------------------------------------------------

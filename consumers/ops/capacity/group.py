@@ -17,9 +17,11 @@ the first unfinished one, are settled; the oldest unsettled event is the time la
 lag the simulation settles at every second's end (the oldest unfinished event); with it, at each
 commit (the oldest event whose offset is not committed).
 
-Rebalance pauses (`mechanics.rebalance`): `Pool` can only stop every replica (eager) or delay a
-new one (cooperative); `Partitions` pauses the moved partitions (cooperative) or all of them
-(eager) for `pause_s` after each change of members.
+Rebalance pauses (`mechanics.rebalance`), per change of members: eager, every partition (in the
+pool: every replica) starts nothing for `pause_s`; cooperative, a joining replica joins `pause_s`
+after it is ready (its partitions' old owners serve them until then) and a leaving replica's
+partitions have no owner for `pause_s` (in the pool: an idle replica beyond the partition count
+takes over the freed slot `pause_s` later).
 
 Why one module: the two queues are two answers to the same questions, read against each other
 (the pool is the partitions' limit with one partition and no keys); the assignment is the

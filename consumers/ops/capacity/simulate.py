@@ -28,6 +28,15 @@ head from the previous start until its own, and late from `arrival + objective_s
 than `MERGE_GAP_S` apart form one episode; "time to drain" runs from the disturbance (the step,
 burst or ramp start, or `disturbance_at_s`) to the end of the first episode after it.
 
+The mechanics of a real group (issue 26, `Scenario.mechanics`, each off unless the scenario
+switches it on): per-partition queues and the rebalance pause are the replicas' and queues' own
+(`consumers.ops.capacity.group`: `Pool`, or `Partitions`); commit lag settles events only at each
+commit, so the time lag and lag the monitor reports are the committed ones; metric delays hand the
+policy the monitor's numbers of an earlier second (`_Delays`: exporter, scrape and poll, each a
+sample-and-hold). Besides the above the timeline records the time lag (the oldest unsettled
+event), the replicas serving and the unsettled events each second, and the report the seconds
+whose time lag was above the objective (`time_outside_lag_s`).
+
 The policies (`fixed`, `reactive`, `docstream`, `warm_pool`) are `consumers.ops.capacity.policies`'s
 deciders; the reports and the timeline are `consumers.ops.capacity.report`'s. A `warm_pool` policy
 takes another policy's decisions, with a pool of pre-warmed replicas that join after `join_s` and
@@ -226,7 +235,10 @@ def simulate_policy(
             )
             if delays is not None:
                 seen.append(metrics)
-                metrics = replace(seen[delays.index(end)], t=end)
+                index = delays.index(end)
+                metrics = replace(seen[index], t=end)
+                if evaluate and index == 0:  # no sample has reached the policy yet: no decision
+                    evaluate, next_eval = False, next_eval + s.interval_s
         if evaluate:
             next_eval += s.interval_s
             desired = max(0, decider.desired(metrics, current))
