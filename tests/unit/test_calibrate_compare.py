@@ -203,13 +203,16 @@ def test_the_simulators_scenario_carries_the_runs_measurements() -> None:
     assert replayed["service"] == {"kind": "samples", "values_s": [0.123457, 0.5], "order": "arrival"}
 
 
-def test_the_docstream_policys_settings_match_the_real_autoscalers() -> None:
+def test_the_real_autoscaler_runs_the_simulators_docstream_policy() -> None:
+    """The same `ScalingConfig` on both sides, the lead (the cold start) being the one setting
+    the simulator takes from the run's measurement and the real run from an expectation."""
     step = Step()
-    spec = policy_settings(step, "docstream")
-    config = scaling_config(step)
-    assert spec["service_rate_per_replica"] == config.service_rate_per_replica == 5.0
-    assert (spec["min_replicas"], spec["max_replicas"]) == (config.min_replicas, config.max_replicas)
-    assert config.objective_s == step.objective_s
+    scenario = parse_scenario(scenario_mapping(step, "docstream", timestamps=[1.0], cold_start_s=2.5))
+    simulated = build_decider(scenario.policies[0], scenario).config  # type: ignore[attr-defined]
+    assert scaling_config(step, lead_s=2.5) == simulated
+    assert simulated.service_rate_per_replica == 5.0 and simulated.lanes == 1
+    with pytest.raises(ValueError, match="policy kind"):
+        policy_settings(step, "fixed")
     with pytest.raises(ValueError, match="policy kind"):
         policy_settings(step, "fixed")
 

@@ -42,6 +42,7 @@ from consumers.ops.capacity.calibrate_compare import (
     scenario_mapping,
     simulate_curve,
 )
+from consumers.ops.capacity.calibrate_policy import EXPECTED_START_S
 from consumers.ops.capacity.calibrate_record import RealRun
 from consumers.ops.capacity.calibrate_run import run_real
 from consumers.ops.capacity.scenario import Scenario
@@ -258,7 +259,7 @@ def calibrate(
     work: Path,
     *,
     rebalance_pause_s: float | None = None,
-    lead_s: float = 0.0,
+    lead_s: float = EXPECTED_START_S,
     say: Callable[[str], None] = print,
 ) -> CalibrationReport:
     """Each policy's real run on the cluster at `bootstrap`, its simulation, the comparison."""

@@ -42,7 +42,7 @@ from consumers.lag.snapshot import LagSnapshot
 from consumers.lag.targets import GroupTarget
 from consumers.ops.autoscaler import Autoscaler
 from consumers.ops.capacity.calibrate_compare import Curve, Step
-from consumers.ops.capacity.calibrate_policy import evaluator_factory, scaling_config
+from consumers.ops.capacity.calibrate_policy import EXPECTED_START_S, evaluator_factory, scaling_config
 from consumers.ops.capacity.calibrate_record import RealRun, moves, read_records, starts
 from consumers.ops.capacity.calibrate_record import milestones as milestones_of
 from consumers.ops.capacity.calibrate_stage import event_key
@@ -113,7 +113,7 @@ def run_real(
     bootstrap: str,
     work: Path,
     *,
-    lead_s: float = 0.0,
+    lead_s: float = EXPECTED_START_S,
     say: Callable[[str], None] = print,
 ) -> RealRun:
     """One policy's run on the cluster at `bootstrap` (PLAINTEXT); its files under `work`."""
