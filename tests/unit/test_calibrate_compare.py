@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from consumers.lag.scaling import Observation, Rule
+from consumers.lag.scaling import Observation, Rule, ScalingPolicy
 from consumers.ops.capacity.calibrate import _most_moving
 from consumers.ops.capacity.calibrate_compare import (
     Curve,
@@ -24,7 +24,7 @@ from consumers.ops.capacity.calibrate_compare import (
     ratio,
     scenario_mapping,
 )
-from consumers.ops.capacity.calibrate_policy import ReactiveEvaluator, scaling_config
+from consumers.ops.capacity.calibrate_policy import ReactiveEvaluator, evaluator_factory, scaling_config
 from consumers.ops.capacity.calibrate_record import RealRun, Start, milestones, moves, starts
 from consumers.ops.capacity.calibrate_stage import service_time
 from consumers.ops.capacity.policies import build_decider
@@ -210,6 +210,8 @@ def test_the_real_autoscaler_runs_the_simulators_docstream_policy() -> None:
     scenario = parse_scenario(scenario_mapping(step, "docstream", timestamps=[1.0], cold_start_s=2.5))
     simulated = build_decider(scenario.policies[0], scenario).config  # type: ignore[attr-defined]
     assert scaling_config(step, lead_s=2.5) == simulated
+    assert evaluator_factory(step, "docstream") is ScalingPolicy  # the autoscaler's own
+    assert isinstance(evaluator_factory(step, "reactive")(simulated), ReactiveEvaluator)
     assert simulated.service_rate_per_replica == 5.0 and simulated.lanes == 1
     with pytest.raises(ValueError, match="policy kind"):
         policy_settings(step, "fixed")

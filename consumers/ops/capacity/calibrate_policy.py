@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from consumers.lag.scaling import Decision, Observation, Rule, ScalingConfig
+from consumers.lag.scaling import Decision, Observation, Rule, ScalingConfig, ScalingPolicy
 from consumers.ops.autoscaler_policy import Evaluator
 from consumers.ops.capacity.calibrate_compare import Step, scenario_mapping
 from consumers.ops.capacity.policies import Decider, Metrics, build_decider
@@ -74,9 +74,9 @@ def scaling_config(step: Step, lead_s: float = EXPECTED_START_S) -> ScalingConfi
     )
 
 
-def evaluator_factory(step: Step, kind: str) -> Callable[[ScalingConfig], Evaluator] | None:
-    """The autoscaler's decider for `kind` (None: its own `ScalingPolicy`)."""
+def evaluator_factory(step: Step, kind: str) -> Callable[[ScalingConfig], Evaluator]:
+    """The autoscaler's decider for `kind`: `ScalingPolicy` itself, or the simulator's HPA."""
     if kind == "docstream":
-        return None
+        return ScalingPolicy
     scenario = parse_scenario(scenario_mapping(step, kind, mechanics=False))
     return lambda config: ReactiveEvaluator(build_decider(scenario.policies[0], scenario), config)

@@ -147,7 +147,6 @@ def run_real(
             str(round(step.commit_interval_s * 1000)),
         )
         launches = _Launches(ProcessLauncher(None, work / "logs"))
-        factory = evaluator_factory(step, kind)
         monitor = LagMonitor(
             conf, [GroupTarget(group_id, (topic,))], scaling=None, rate_window_s=step.rate_window_s
         )
@@ -158,7 +157,6 @@ def run_real(
                 raise DocstreamError("no lag sample yet")
             return latest[-1]
 
-        extra: dict[str, Any] = {} if factory is None else {"policy": factory}
         autoscaler = Autoscaler(
             [ScaledGroup(STAGE, group_id, command)],
             scaling_config(step, lead_s),
@@ -167,7 +165,7 @@ def run_real(
             interval_s=step.interval_s,
             stop_timeout_s=30.0,
             decision_log=decisions,
-            **extra,
+            policy=evaluator_factory(step, kind),
         )
         with monitor, autoscaler:
             return _drive(
