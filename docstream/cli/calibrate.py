@@ -43,6 +43,7 @@ def step_of(duration: float, partitions: int, objective: float, seed: int) -> St
             duration_s=duration,
             step_at_s=round(duration * STEP_FRACTION, 3),
             partitions=partitions,
+            max_replicas=min(Step.max_replicas, partitions),  # a replica beyond them would idle
             objective_s=objective,
             seed=seed,
         )
