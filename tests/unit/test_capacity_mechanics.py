@@ -389,3 +389,24 @@ def test_the_shipped_partitioned_reading_step_has_every_mechanism() -> None:
     assert s.mechanics.on == MECHANISMS and s.partitions == 12
     report, timeline = simulate_policy(s.without("partitions"), s.policy("reactive"), seed=1)
     assert len(timeline.time_lag) == len(timeline.ready) == 3600 and report.time_outside_lag_s > 0
+
+
+def test_samples_in_arrival_order_replay_a_run_event_by_event() -> None:
+    """`order: arrival`: event i takes values_s[i] (wrapping round), under every policy and in both
+    queues (the pool draws at the start, in arrival order; the partitions at the arrival)."""
+    data = scenario(
+        service={"kind": "samples", "values_s": [0.5, 0.25, 2.0], "order": "arrival"},
+        arrivals={"kind": "trace", "timestamps": [1.0, 10.0, 20.0, 30.0, 40.0]},
+        replicas={"initial": 1, "partitions": 1},
+        policies=[{"name": "one", "kind": "fixed", "replicas": 1}],
+    )
+    s = parse_scenario(data)
+    draw = s.service.sampler(__import__("random").Random(1))
+    assert [draw() for _ in range(5)] == [0.5, 0.25, 2.0, 0.5, 0.25]
+    variants: list[dict[str, Any]] = [{}, {"partitions": {}}]
+    for mechanics in variants:
+        timeline = simulate(parse_scenario({**data, "mechanics": mechanics})).timelines["one"]
+        busy = [t for t, lag in zip(timeline.t, timeline.time_lag, strict=True) if lag > 0]
+        assert busy == [21.0]  # only the third event (2 s from 20 s) is unfinished at a second's end
+    with pytest.raises(ScenarioError, match=r"service\.order: must be one of random, arrival"):
+        parse_scenario(scenario(service={"kind": "samples", "values_s": [1], "order": "sorted"}))
