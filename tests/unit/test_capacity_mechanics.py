@@ -158,21 +158,27 @@ def test_an_eager_pause_stops_all_service_for_pause_s(partitions: bool) -> None:
     assert max(timelines["off"].time_lag) < 1.5
 
 
-def test_a_cooperative_join_serves_pause_s_later() -> None:
-    """The 4th replica, ready at 35 s, joins (and serves) 4 s later; nobody else stops."""
+def test_a_cooperative_join_takes_two_rounds() -> None:
+    """The 4th replica, ready at 35 s: it joins 4 s later (the first round; the old owners serve the
+    partitions it will take until then) and serves them 4 s after that (the second round); nobody
+    else stops. In the pool it serves 2 x 4 s after it is ready."""
     data = scenario(
         arrivals={"kind": "constant", "rate": 10},
         duration_s=120,
         policies=[{"name": "r", "kind": "reactive", "min_replicas": 4, "max_replicas": 8}],
     )
-    variants: list[dict[str, Any]] = [{}, {"partitions": {}}]
-    for mechanics in variants:
-        coop = {**mechanics, "rebalance": {"assignor": "cooperative", "pause_s": 4.0}}
-        plain = simulate(parse_scenario({**data, "mechanics": mechanics})).timelines["r"]
-        paused = simulate(parse_scenario({**data, "mechanics": coop})).timelines["r"]
-        first = plain.ready.index(4.0)
-        assert paused.ready.index(4.0) == first + 4  # ready at 35 -> joins at 39
-        assert max(paused.time_lag) < 1.5  # the others serve meanwhile
+    coop = {"rebalance": {"assignor": "cooperative", "pause_s": 4.0}}
+    plain = simulate(parse_scenario({**data, "mechanics": {}})).timelines["r"]
+    pooled = simulate(parse_scenario({**data, "mechanics": coop})).timelines["r"]
+    first = plain.ready.index(4.0)
+    assert pooled.ready.index(4.0) == first + 8
+    assert max(pooled.time_lag) < 1.5
+    split = simulate(parse_scenario({**data, "mechanics": {**coop, "partitions": {}}})).timelines["r"]
+    assert split.ready.index(4.0) == first + 4  # a member from 39 s ...
+    lag = split.time_lag
+    assert max(lag) == pytest.approx(4.0, abs=1.2)  # ... whose 2 partitions wait until 43 s
+    assert lag.index(max(lag)) in range(first + 6, first + 9)
+    assert max(lag[: first + 4] + lag[first + 10 :]) < 1.5
 
 
 def test_a_leaving_replicas_partitions_wait_pause_s() -> None:
@@ -383,3 +389,24 @@ def test_the_shipped_partitioned_reading_step_has_every_mechanism() -> None:
     assert s.mechanics.on == MECHANISMS and s.partitions == 12
     report, timeline = simulate_policy(s.without("partitions"), s.policy("reactive"), seed=1)
     assert len(timeline.time_lag) == len(timeline.ready) == 3600 and report.time_outside_lag_s > 0
+
+
+def test_samples_in_arrival_order_replay_a_run_event_by_event() -> None:
+    """`order: arrival`: event i takes values_s[i] (wrapping round), under every policy and in both
+    queues (the pool draws at the start, in arrival order; the partitions at the arrival)."""
+    data = scenario(
+        service={"kind": "samples", "values_s": [0.5, 0.25, 2.0], "order": "arrival"},
+        arrivals={"kind": "trace", "timestamps": [1.0, 10.0, 20.0, 30.0, 40.0]},
+        replicas={"initial": 1, "partitions": 1},
+        policies=[{"name": "one", "kind": "fixed", "replicas": 1}],
+    )
+    s = parse_scenario(data)
+    draw = s.service.sampler(__import__("random").Random(1))
+    assert [draw() for _ in range(5)] == [0.5, 0.25, 2.0, 0.5, 0.25]
+    variants: list[dict[str, Any]] = [{}, {"partitions": {}}]
+    for mechanics in variants:
+        timeline = simulate(parse_scenario({**data, "mechanics": mechanics})).timelines["one"]
+        busy = [t for t, lag in zip(timeline.t, timeline.time_lag, strict=True) if lag > 0]
+        assert busy == [21.0]  # only the third event (2 s from 20 s) is unfinished at a second's end
+    with pytest.raises(ScenarioError, match=r"service\.order: must be one of random, arrival"):
+        parse_scenario(scenario(service={"kind": "samples", "values_s": [1], "order": "sorted"}))

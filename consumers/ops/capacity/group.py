@@ -18,10 +18,11 @@ lag the simulation settles at every second's end (the oldest unfinished event); 
 commit (the oldest event whose offset is not committed).
 
 Rebalance pauses (`mechanics.rebalance`), per change of members: eager, every partition (in the
-pool: every replica) starts nothing for `pause_s`; cooperative, a joining replica joins `pause_s`
-after it is ready (its partitions' old owners serve them until then) and a leaving replica's
-partitions have no owner for `pause_s` (in the pool: an idle replica beyond the partition count
-takes over the freed slot `pause_s` later).
+pool: every replica) starts nothing for `pause_s`; cooperative, in two rounds as measured on the
+broker: a joining replica joins `pause_s` after it is ready (the old owners serve the partitions it
+takes until then) and the moved partitions wait `pause_s` more for it; a leaving replica's
+partitions have no owner for `pause_s`. In the pool a joining replica serves 2 x `pause_s` after
+it is ready, and an idle replica beyond the partition count takes a freed slot `pause_s` later.
 
 Why one module: the two queues are two answers to the same questions, read against each other
 (the pool is the partitions' limit with one partition and no keys); the assignment is the
@@ -81,7 +82,9 @@ class Pool:
         self.tally = tally
         self.service_time = service_time
         self.cap = cap
-        self.coop_pause = coop_pause  # cooperative rebalance: a joining replica serves this much later
+        # A cooperative rebalance's two rounds: a joining replica serves 2 x coop_pause after it is
+        # ready (the others serve meanwhile); a freed slot is taken over coop_pause later.
+        self.coop_pause = coop_pause
         self.servers: list[float] = [0.0] * min(initial, cap)  # a min-heap of when each replica is free
         self.extras: list[float] = [0.0] * (initial - len(self.servers))  # beyond the partitions
         self.pending: list[float] = []  # ready times of serving replicas still starting
@@ -107,7 +110,7 @@ class Pool:
 
     def add(self, ready_times: list[float]) -> None:
         for ready in ready_times:
-            ready += self.coop_pause
+            ready += 2 * self.coop_pause
             if len(self.servers) < self.cap:
                 heapq.heappush(self.servers, ready)
                 self.pending.append(ready)
@@ -334,7 +337,8 @@ class Partitions:
 
     def add(self, ready_times: list[float]) -> None:
         """New replicas; with a cooperative rebalance one joins `pause_s` after it is ready (the
-        old owners serve the partitions it takes until then)."""
+        first round: the old owners serve the partitions it takes until then), and serves them
+        `pause_s` later (the second round)."""
         delay = 0.0 if self.eager else self.pause_s
         self.replicas.extend(_Replica(r + delay) for r in ready_times)
 
@@ -366,11 +370,10 @@ class Partitions:
         old = [-1 if r is None else index.get(id(r), -1) for r in self.owners]
         new = assign(old, list(range(len(self.members))))
         if pause and self.pause_s > 0:
-            # eager: every partition waits; cooperative: those whose owner left wait for the next
-            # owner (a partition handed over from a live owner moves without a gap: its old owner
-            # served it until the join, which came pause_s late).
+            # eager: every partition waits; cooperative: those that move (or lost their owner)
+            # wait for the new owner, the second round of the incremental rebalance.
             for p in range(self.n_parts):
-                if self.eager or (old[p] < 0 and new[p] >= 0):
+                if self.eager or (new[p] != old[p] and new[p] >= 0):
                     self.avail[p] = max(self.avail[p], at + self.pause_s)
         for r in self.replicas:
             r.parts = []

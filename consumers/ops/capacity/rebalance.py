@@ -2,10 +2,11 @@
 
 `probe_rebalance(bootstrap, assignor=..., members=N)` runs N group members (threads of this
 process, each a librdkafka consumer with the runtime's own consumer settings,
-`docstream.kafka.config.consumer_config`) on a topic of `partitions` partitions that a producer
-fills at `rate` messages/s, waits until every partition is consumed steadily, then adds one member
-(the join) and, once that has settled, closes one (the leave). From the receive times of every
-message it reports, per change (`pauses`, pure, tested on its own):
+`docstream.kafka.config.consumer_config`, started a fraction of the heartbeat interval apart) on a
+topic of `partitions` partitions that a producer fills at `rate` messages/s, waits until every
+partition is consumed steadily, then adds one member (the join) and, once that has settled, closes
+one (the leave). From the receive times of every message it reports, per change (`pauses`, pure,
+tested on its own):
 
 - `resume_s`: from the change until every member consumes again (the issue's definition: the
   join, or the leave, until the last member's first message after its stall);
@@ -46,6 +47,7 @@ from infra.broker import LocalBroker, free_port
 __all__ = ["ASSIGNORS", "ChangePause", "pauses", "probe_rebalance"]
 
 ASSIGNORS = {"cooperative": "cooperative-sticky", "eager": "range"}
+HEARTBEAT_S = 3.0  # librdkafka's heartbeat.interval.ms default: when a member learns of a rebalance
 STALL_S = 0.2  # a gap longer than this is a stop (the producer sends each partition a message every 20 ms)
 
 
@@ -161,8 +163,9 @@ def probe_rebalance(
     feeder = threading.Thread(target=produce, daemon=True)
     feeder.start()
     group = [_Member(f"m{i}", conf, topic, sink) for i in range(members)]
-    for m in group:
-        m.start()
+    for m in group:  # started a fraction of the heartbeat interval apart, as replicas started at
+        m.start()  # different times are: an eager member waits in the rebalance for the others
+        time.sleep(HEARTBEAT_S / members)
     try:
         _wait_steady(by_partition, lock, timeout=90)
         time.sleep(settle_s / 2)
