@@ -75,7 +75,7 @@ def test_the_simulator_runs_with_the_measured_start_and_pause(run: RealRun, cali
     start, joined = run.measured_start_s(), run.measured_join_s()
     assert pause is not None and start is not None and joined is not None
     assert calibration.rebalance_pause_s == pytest.approx(pause)
-    assert calibration.cold_start_s == pytest.approx(max(start, joined - pause))
+    assert calibration.cold_start_s == pytest.approx(max(start, joined - 2 * pause))  # the two rounds
     assert calibration.sim_report["events"] == len(run.timestamps)  # the recorded arrivals, replayed
     # The simulator's time outside (its own per-second count) is the comparison's definition.
     first = measures(calibration.sim_curve, STEP.objective_s, STEP.step_at_s)  # seed 1's, which is plotted

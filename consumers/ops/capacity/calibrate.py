@@ -59,7 +59,7 @@ class Calibration:
 
     kind: str
     real: RealRun
-    cold_start_s: float  # the simulator's cold start: the measured launch -> assigned, less the pause
+    cold_start_s: float  # the simulator's cold start: the measured launch -> assigned, less two pauses
     rebalance_pause_s: float  # the simulator's pause: a moved partition's measured gap (or given)
     pause_source: str  # "given", "measured (moved partitions)" or "none moved"
     real_measures: Measures
@@ -172,12 +172,13 @@ def compare_run(
         pause, source = (
             (measured, "measured (moved partitions)") if measured is not None else (0.0, "none moved")
         )
-    # The simulator's joining replica (cooperative) takes its partitions cold + pause after the
-    # decision, their old owners serving them until then; the real one takes them at its join
-    # (launch -> assigned). So cold = the join less the pause (at least the process's own start),
-    # the pause being what a moved partition waits in the real run (the simulator's wait for a
-    # leaver's partitions; on a join it moves them without a gap, the real ones wait that long).
-    cold = max(ready, joined - pause)
+    # The simulator's cooperative join comes in two rounds, as the probe measured them: the new
+    # replica joins `pause` after it is ready (its partitions' old owners serving them until
+    # then), and the moved partitions wait `pause` more for it. The real one holds them at its
+    # join (launch -> assigned), the moved ones having waited their measured gap since the revoke.
+    # So pause = that gap, and cold = the join less both rounds (at least the process's own start;
+    # when the two rounds outlast the real join, the simulated replica serves that much later).
+    cold = max(ready, joined - 2 * pause)
     scenario, replayed = _scenario(real, cold, pause)
     real_m = measures(real.curve, step.objective_s, step.step_at_s)
     runs = [simulate_curve(scenario, seed=seed) for seed in range(1, seeds + 1)]
