@@ -6,9 +6,9 @@ Per policy (`reactive`, `docstream`, or both, one after the other):
    service time on docstream's runtime, scaled by the local autoscaler, the step's arrivals
    published open loop, the lag model sampled every second;
 2. the simulation (`consumers.ops.capacity.calibrate_compare`): the recorded arrivals as a trace,
-   the same service law, the measured start as the cold start, the rebalance pause (given, or
-   the replicas' measured ready -> assigned), the commit interval, the autoscaler's tick, every
-   mechanism on;
+   each event's own service time, the rebalance pause (given, or a moved partition's measured
+   gap), the measured join less the pause's two rounds as the cold start, the commit interval,
+   the autoscaler's tick, every mechanism on; 10 seeds, each measure's median;
 3. side by side: time outside the objective (the time lag above it, per sample, on both sides),
    the time to drain, the peak backlog and replica-seconds, with the ratio sim/real of each. Where
    a ratio falls outside 0.8..1.25, the simulation is run again with each mechanism off in turn,

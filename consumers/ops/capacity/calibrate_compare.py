@@ -6,13 +6,15 @@ measured, and the four measures judged by one definition on both sides.
   settings (`policy_settings`): one mapping, which the real autoscaler's decider and the
   simulator's are both built from;
 - `scenario_mapping`: the simulator's scenario for a run: the recorded arrivals as a trace of
-  timestamps, the measured start as the cold start (`model_load_s`), the rebalance pause, the
-  commit interval, the sample period as the exporter interval, per-partition queues; every
-  mechanism on (the interface in docs/capacity.md, "Calibration");
+  timestamps, each event's own service time (in arrival order), the measured start as the cold
+  start (`model_load_s`), the rebalance pause, the commit interval, no metric delay (the
+  autoscaler decides on its tick's own sample), per-partition queues; every mechanism on
+  (docs/capacity.md, "Calibration");
 - `Curve`: a run's per-second samples (time lag, lag, replicas asked for, members), real or
   simulated; `measures(curve, ...)`: time outside the objective (the time lag above it), the time
   to drain (the step to the end of the first breach after it), the peak backlog, replica-seconds;
-- `compare`: the ratio sim/real of each measure, and whether it is within `RATIO_BAND`.
+- `median_measures`: each measure's median over the simulation's seeds; `compare`: the ratio
+  sim/real of each measure, and whether it is within `RATIO_BAND`.
 """
 
 from __future__ import annotations
