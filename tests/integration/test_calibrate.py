@@ -42,7 +42,10 @@ def test_every_event_is_published_on_schedule(run: RealRun) -> None:
     planned = STEP.arrival_times()
     assert len(run.timestamps) == len(planned)
     late = [sent - at for sent, at in zip(run.timestamps, planned, strict=True)]
-    assert max(late) < 1.0, f"the publisher fell behind its schedule by {max(late):.2f} s"
+    # Open loop: each send at its time. The trace records when each event was sent, so a late one
+    # does not falsify the comparison; 3 s allows a busy make test, and catches a publisher that
+    # cannot keep up at all.
+    assert max(late) < 3.0, f"the publisher fell behind its schedule by {max(late):.2f} s"
 
 
 def test_the_curve_has_a_sample_every_second_and_follows_the_step(run: RealRun) -> None:
