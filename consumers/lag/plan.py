@@ -8,6 +8,11 @@ split queues, Little's law) together with the two sizing rules behind the warnin
 exponential). docs/capacity.md has the formulas and a worked example; the chaos catch-up drill
 checks a stop's drain against `plan`'s prediction.
 
+Issue 26 adds what the simulator's mechanics change in the answers: key skew over the partitions
+(`zipf_s`: the hottest partition must stay under one replica's μ whatever the replica count, so
+the group's throughput is capped at μ / its share), and the catch-up from a restart
+(`ramp_s`, `efficiency`: ramp + (B + λ·ramp) / (cμE - λ)).
+
 Infinite waits (an unstable load) are `math.inf` in a `Plan` and None in `Plan.to_dict()`.
 """
 
@@ -101,6 +106,12 @@ class PlanInputs:
     service_p99: float | None = None  # p99 service time (max.poll.interval.ms, the spread warning)
     target_utilisation: float = DEFAULT_TARGET_UTILISATION
     backlog: float | None = None  # events waiting (a stop's backlog): the catch-up time at `replicas`
+    # The catch-up (issue 26): seconds from the restart until the replicas serve (the backlog grows
+    # by λ x that meanwhile), and each replica's throughput when they share the cores, as a fraction
+    # of one replica's alone (measured: c replicas at once against one).
+    ramp_s: float = 0.0
+    efficiency: float = 1.0
+    zipf_s: float | None = None  # key skew: Zipf exponent of the partitions' shares (needs partitions)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_rate) and self.arrival_rate >= 0):
@@ -127,6 +138,15 @@ class PlanInputs:
             raise ValueError(f"the target utilisation must be in (0, 1], got {self.target_utilisation}")
         if self.backlog is not None and not (math.isfinite(self.backlog) and self.backlog >= 0):
             raise ValueError(f"--backlog must be a finite number of events >= 0, got {self.backlog}")
+        if not (math.isfinite(self.ramp_s) and self.ramp_s >= 0):
+            raise ValueError(f"--ramp must be a number of seconds >= 0, got {self.ramp_s}")
+        if not (math.isfinite(self.efficiency) and 0 < self.efficiency <= 1):
+            raise ValueError(f"--efficiency must be in (0, 1], got {self.efficiency}")
+        if self.zipf_s is not None:
+            if not (math.isfinite(self.zipf_s) and self.zipf_s > 0):
+                raise ValueError(f"--zipf must be a positive exponent, got {self.zipf_s}")
+            if self.partitions is None:
+                raise ValueError("--zipf needs --partitions (the skew is over the partitions)")
 
     @property
     def service_rate(self) -> float:
@@ -143,6 +163,9 @@ class PlanInputs:
             "partitions": self.partitions,
             "target_utilisation": self.target_utilisation,
             "backlog": self.backlog,
+            "ramp_s": self.ramp_s,
+            "efficiency": self.efficiency,
+            "zipf_s": self.zipf_s,
         }
 
 
@@ -175,6 +198,8 @@ class Plan:
     cs2: float  # squared coefficient of variation assumed for the spread rule
     catch_up_s: float | None = None  # the backlog's drain time at `replicas` (None: no backlog given)
     warnings: tuple[str, ...] = field(default=())
+    hottest_share: float | None = None  # with --zipf: the hottest partition's share of the events
+    skew_cap_rate: float | None = None  # with --zipf: the most λ the group serves, μ / hottest share
 
     def to_dict(self) -> dict[str, Any]:
         def finite(x: float) -> float | None:
@@ -209,7 +234,19 @@ class Plan:
             else {
                 "backlog": self.inputs.backlog,
                 "replicas": self.replicas,
-                "seconds": finite(self.catch_up_s),  # null: cμ ≤ λ, it never drains
+                "seconds": finite(self.catch_up_s),  # null: cμE ≤ λ, it never drains
+                "ramp_s": self.inputs.ramp_s,
+                "efficiency": self.inputs.efficiency,
+            },
+            "skew": None
+            if self.hottest_share is None or self.skew_cap_rate is None
+            else {
+                "zipf_s": self.inputs.zipf_s,
+                "partitions": self.inputs.partitions,
+                "hottest_share": self.hottest_share,
+                "hottest_rate": self.inputs.arrival_rate * self.hottest_share,
+                "cap_rate": self.skew_cap_rate,
+                "capped": self.inputs.arrival_rate >= self.skew_cap_rate,
             },
             "warnings": list(self.warnings),
         }
@@ -284,6 +321,32 @@ def plan(inputs: PlanInputs) -> Plan:
             f"(ceil(a / {rho_max:.3g}))"
         )
 
+    hottest = skew_cap = None
+    if inputs.zipf_s is not None and cap is not None:
+        hottest = zipf_hottest_share(cap, inputs.zipf_s)
+        skew_cap = mu / hottest
+        hot_rate = lam * hottest
+        if hot_rate >= mu:
+            warnings.append(
+                f"key skew (Zipf {inputs.zipf_s:g} over {cap} partitions): the hottest partition gets "
+                f"{hottest:.1%} of the events, {hot_rate:.4g}/s ≥ one replica's μ = {mu:.4g}/s: no replica "
+                f"count keeps up; the group serves at most μ / {hottest:.3g} = {skew_cap:.4g}/s. Spread the "
+                "keys (more partitions do not help a hot key) or make one replica faster"
+            )
+        elif hot_rate > rho_max * mu:
+            warnings.append(
+                f"key skew (Zipf {inputs.zipf_s:g} over {cap} partitions): the hottest partition runs at "
+                f"{hot_rate / mu:.3g} of one replica (above {rho_max:.3g}) whatever the replica count; "
+                f"the group's cap is {skew_cap:.4g}/s"
+            )
+
+    catch_up = None
+    if inputs.backlog is not None:
+        # From the restart: ramp_s with nothing served while λ keeps arriving, then c replicas at
+        # efficiency E each: ramp + (B + λ·ramp) / (cμE - λ).
+        grown = inputs.backlog + lam * inputs.ramp_s
+        catch_up = inputs.ramp_s + catch_up_s(grown, lam, mu * inputs.efficiency, c)
+
     return Plan(
         inputs=inputs,
         replicas=c,
@@ -308,6 +371,17 @@ def plan(inputs: PlanInputs) -> Plan:
         p99_source=p99_source,
         max_utilisation=rho_max,
         cs2=cs2,
-        catch_up_s=None if inputs.backlog is None else catch_up_s(inputs.backlog, lam, mu, c),
+        catch_up_s=catch_up,
         warnings=tuple(warnings),
+        hottest_share=hottest,
+        skew_cap_rate=skew_cap,
     )
+
+
+def zipf_hottest_share(partitions: int, s: float) -> float:
+    """The hottest partition's share of the events when the partitions' shares follow Zipf(s):
+    1 / sum over i = 1..N of 1/i^s (the simulator's `mechanics.partitions.skew: zipf`)."""
+    total = 0.0
+    for i in range(1, partitions + 1):
+        total += math.pow(i, -s)
+    return 1.0 / total

@@ -12,6 +12,10 @@ Per evaluation, with μ the service rate of one replica (events/s):
 - arrival (leading indicator): `by_arrival = ceil(arrival_rate / (μ * target_utilisation))`;
 - burst: when `backlog_s > objective_s` the objective is already broken: `current + burst_step`.
 
+With committed offsets the lag reads older than the work left by up to the commit interval
+(`measurement_lag_s`): the burst rule and the lag rule discount it. The wait rule sizes one pooled
+queue (M/M/n), or with `lanes` split queues (each replica serving its own partitions).
+
 The recommendation is the largest of these, clamped to `[min(min_replicas, cap), cap]` with
 `cap = min(max_replicas, partitions[, active_keys])`: a partition is consumed by one member of the
 group, so replicas beyond the partition count sit idle. Key-ordered concurrency (the runtime's
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from consumers.lag.queueing import erlang_b_series, erlang_c_from_b
+from consumers.lag.queueing import erlang_b_series, erlang_c, erlang_c_from_b
 
 TREND_NOISE = 0.05  # a rise of the arrival rate below 5 % of it over the trend window is noise
 _REL_EPS = 1e-9  # float noise forgiven by `_ceil`: 3.0000000000000004 is 3, not 4
@@ -65,17 +69,55 @@ def _replicas_for(amount: float, per_replica: float) -> int:
     return _ceil(amount / per_replica)
 
 
-def _replicas_for_wait(rate: float, mu: float, objective_s: float, tail: float, cap: int) -> int:
-    """The fewest replicas (up to `cap`) for which an M/M/n queue has P(wait > objective_s) <= tail.
+def _busiest_share(n: int, partitions: int) -> float:
+    """The share of the events the busiest of n replicas gets when each serves its own partitions:
+    a balanced assignment gives it ceil(partitions / n) of them (12 over 10 replicas: 2 of 12)."""
+    return math.ceil(partitions / n) / partitions
 
-    Erlang C: P(wait > t) = C(n, a) * exp(-(n*mu - rate) * t) with a = rate / mu, C from the
-    Erlang B recursion. A utilisation target ignores the objective: 4 replicas at 80 % with a
-    200 ms objective and 40 ms events leave about 1 % of events late, while 40 replicas at 80 %
-    leave none; this rule adds the headroom where the objective is tight against the service time.
+
+def _replicas_for_split_rate(rate: float, per_replica: float, partitions: int, cap: int) -> int:
+    """The fewest replicas (up to `cap`) whose busiest one gets at most `per_replica` events/s."""
+    if rate <= 0:
+        return 0
+    for n in range(1, cap + 1):
+        if rate * _busiest_share(n, partitions) <= per_replica * (1 + _REL_EPS):
+            return n
+    return cap
+
+
+def _replicas_for_wait(
+    rate: float,
+    mu: float,
+    objective_s: float,
+    tail: float,
+    cap: int,
+    *,
+    lanes: int | None = None,
+    partitions: int = 1,
+) -> int:
+    """The fewest replicas (up to `cap`) for which P(wait > objective_s) <= tail.
+
+    Pooled (an M/M/n queue), Erlang C: P(wait > t) = C(n, a) * exp(-(n*mu - rate) * t) with
+    a = rate / mu, C from the Erlang B recursion. A utilisation target ignores the objective: 4
+    replicas at 80 % with a 200 ms objective and 40 ms events leave about 1 % of events late, while
+    40 replicas at 80 % leave none; this rule adds the headroom where the objective is tight against
+    the service time. Split (`lanes` = k: each replica serves its own partitions, k events at a
+    time): the busiest replica is an M/M/k queue of r = rate x ceil(partitions / n) / partitions
+    (its share of the partitions), lanes of mu / k: P(wait > t) = C(k, k r / mu) * exp(-(mu - r) t);
+    with k = 1, (r / mu) * exp(-(mu - r) * t).
     """
     if rate <= 0 or not mu > 0:
         return 0
     a = rate / mu
+    if lanes is not None:
+        for n in range(1, cap + 1):
+            busiest = rate * _busiest_share(n, partitions)
+            if (
+                busiest < mu
+                and erlang_c(lanes, lanes * busiest / mu) * math.exp(-(mu - busiest) * objective_s) <= tail
+            ):
+                return n
+        return cap
     for n, erlang_b in erlang_b_series(a, cap):
         if n > a and erlang_c_from_b(n, a, erlang_b) * math.exp(-(n * mu - rate) * objective_s) <= tail:
             return n
@@ -126,6 +168,17 @@ class ScalingConfig:
     # rule sizes for the rate projected lead_s ahead. 0: no projection.
     lead_s: float = 0.0
     trend_window_s: float = 120.0
+    # How much the measured lag overstates the work left (issue 26): offsets are committed every
+    # this many seconds, so the committed time lag reads up to this much older than the oldest
+    # unfinished event, and the lag holds up to completion_rate x this many finished events. The
+    # burst rule and the busy test discount it from backlog_s, the lag rule from lag_events.
+    # 0: the lag is what is left (the simulator without commit lag).
+    measurement_lag_s: float = 0.0
+    # How the replicas share the work, for the arrival and wait rules: None, one pooled queue
+    # (M/M/n, Erlang C); k, each replica serves its own partitions k events at a time (split
+    # queues: the busiest replica holds ceil(partitions / n) of them, an M/M/k of that share; 1:
+    # one event at a time, as the simulator's per-partition queues).
+    lanes: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.objective_s > 0 and math.isfinite(self.objective_s)):
@@ -139,12 +192,14 @@ class ScalingConfig:
             raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
         if self.burst_step < 1 or self.max_scale_in < 1:
             raise ValueError("burst_step and max_scale_in must be at least 1")
-        if min(self.lead_s, self.trend_window_s) < 0:
-            raise ValueError("lead_s and trend_window_s must not be negative")
+        if min(self.lead_s, self.trend_window_s, self.measurement_lag_s) < 0:
+            raise ValueError("lead_s, trend_window_s and measurement_lag_s must not be negative")
         if min(self.up_window_s, self.down_window_s, self.quiet_period_s, self.saturation_backlog_s) < 0:
             raise ValueError("windows, quiet period and saturation backlog must not be negative")
         if self.service_rate_per_replica is not None and not self.service_rate_per_replica > 0:
             raise ValueError("service_rate_per_replica must be positive when set")
+        if self.lanes is not None and self.lanes < 1:
+            raise ValueError(f"lanes must be at least 1 when set, got {self.lanes}")
         if self.wait_quantile is not None and not 0 < self.wait_quantile < 1:
             raise ValueError(f"wait_quantile must be in (0, 1) when set, got {self.wait_quantile}")
 
@@ -258,7 +313,7 @@ def _service_rate(
     """(μ, where it came from, whether it is a fresh busy measurement to remember)."""
     if obs.service_rate_per_replica is not None and obs.service_rate_per_replica > 0:
         return obs.service_rate_per_replica, "reported", False
-    busy = obs.backlog_s >= config.saturation_backlog_s and obs.lag_events > 0
+    busy = _backlog_s(config, obs) >= config.saturation_backlog_s and obs.lag_events > 0
     serving = obs.current_replicas
     if obs.ready_replicas is not None:
         serving = min(obs.ready_replicas, serving)
@@ -272,6 +327,16 @@ def _service_rate(
     if config.service_rate_per_replica is not None:
         return config.service_rate_per_replica, "configured", False
     return None, "none", False
+
+
+def _backlog_s(config: ScalingConfig, obs: Observation) -> float:
+    """The time lag less what the commit interval adds to it (`measurement_lag_s`)."""
+    return max(0.0, obs.backlog_s - config.measurement_lag_s)
+
+
+def _lag_events(config: ScalingConfig, obs: Observation) -> int:
+    """The lag less the finished events a commit has not counted yet (`measurement_lag_s`)."""
+    return max(0, obs.lag_events - math.floor(obs.completion_rate * config.measurement_lag_s))
 
 
 def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple[Decision, PolicyState]:
@@ -298,18 +363,31 @@ def decide(config: ScalingConfig, state: PolicyState, obs: Observation) -> tuple
     # 1. The three rules.
     by_lag = by_arrival = by_burst = None
     if mu is not None:
-        by_lag = _replicas_for(obs.lag_events, mu * config.objective_s)
-        by_arrival = _replicas_for(rate, mu * config.target_utilisation)
+        by_lag = _replicas_for(_lag_events(config, obs), mu * config.objective_s)
+        by_arrival = (
+            _replicas_for(rate, mu * config.target_utilisation)
+            if config.lanes is None
+            else _replicas_for_split_rate(rate, mu * config.target_utilisation, obs.partitions, cap)
+        )
         if config.wait_quantile is not None and by_arrival < cap:
             by_arrival = max(
                 by_arrival,
-                _replicas_for_wait(rate, mu, config.objective_s, 1 - config.wait_quantile, cap),
+                _replicas_for_wait(
+                    rate,
+                    mu,
+                    config.objective_s,
+                    1 - config.wait_quantile,
+                    cap,
+                    lanes=config.lanes,
+                    partitions=obs.partitions,
+                ),
             )
     # The burst rule acts on a breach that is not queue noise: one that persisted since the last
     # evaluation, or a backlog that keeps the workers busy (saturation_backlog_s). A single
     # instant of a few hundred ms late at 80 % utilisation is how a queue looks, not a step.
-    breached = obs.backlog_s > config.objective_s
-    bursting = breached and (state.breached or obs.backlog_s >= config.saturation_backlog_s)
+    backlog_s = _backlog_s(config, obs)
+    breached = backlog_s > config.objective_s
+    bursting = breached and (state.breached or backlog_s >= config.saturation_backlog_s)
     if bursting:
         by_burst = current + config.burst_step
     candidates = [

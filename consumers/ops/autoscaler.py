@@ -45,7 +45,7 @@ from pathlib import Path
 
 from consumers.lag.scaling import Decision, ScalingConfig, ScalingPolicy
 from consumers.lag.snapshot import GroupLag, LagSnapshot
-from consumers.ops.autoscaler_policy import decision_line, observation
+from consumers.ops.autoscaler_policy import Evaluator, decision_line, observation
 from consumers.ops.launcher import Child, Launcher, ScaledGroup
 from docstream.errors import DocstreamError
 
@@ -71,7 +71,7 @@ class _Replica:
 @dataclass
 class _GroupRun:
     group: ScaledGroup
-    policy: ScalingPolicy
+    policy: Evaluator
     desired: int
     live: list[_Replica] = field(default_factory=list)
     stopping: list[_Replica] = field(default_factory=list)
@@ -104,8 +104,9 @@ class Autoscaler:
 
     `sampler` gives a `LagSnapshot` with every group in it (a `LagMonitor`'s `sample`, built with
     `scaling=None`); `launcher` starts one member of a group (`ProcessLauncher`). Every group has
-    its own `ScalingPolicy(config)`; until its first decision (the rates need two samples) a group
-    runs `config.min_replicas` children. Call `tick()` every `interval_s` (or `run_pending()` as
+    its own `ScalingPolicy(config)` (or `policy(config)`: another decider, as `docstream calibrate`'s
+    reactive one); until its first decision (the rates need two samples) a group runs
+    `config.min_replicas` children. Call `tick()` every `interval_s` (or `run_pending()` as
     often as you like, or `run(stop_event)`), and `shutdown()` at the end (the context manager
     does). Not thread-safe, except `request_stop()`, which may be called from a signal handler.
     """
@@ -122,6 +123,7 @@ class Autoscaler:
         restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
         restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S,
         decision_log: Path | None = None,
+        policy: Callable[[ScalingConfig], Evaluator] = ScalingPolicy,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -140,7 +142,7 @@ class Autoscaler:
         self._launcher = launcher
         self._clock = clock
         self._sleep = sleep
-        self._runs = {g.name: _GroupRun(g, ScalingPolicy(config), config.min_replicas) for g in groups}
+        self._runs = {g.name: _GroupRun(g, policy(config), config.min_replicas) for g in groups}
         self._stop_requested = False
         self._next_tick = -math.inf
         self._sample_failing = False

@@ -7,10 +7,19 @@ for a group, built from the lag model, and the log line of the `Decision` it get
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from consumers.lag.scaling import Decision, Observation
 from consumers.lag.snapshot import GroupLag
 
-__all__ = ["decision_line", "observation"]
+__all__ = ["Evaluator", "decision_line", "observation"]
+
+
+class Evaluator(Protocol):
+    """What decides a group's replicas each tick: `ScalingPolicy`, or another decider behind the
+    same call (`docstream calibrate` runs the simulator's reactive HPA this way)."""
+
+    def evaluate(self, observation: Observation) -> Decision: ...
 
 
 def observation(group: GroupLag, current_replicas: int, now_ms: int) -> Observation | None:

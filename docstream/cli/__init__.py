@@ -9,6 +9,7 @@ from docstream.cli import (
     acls,
     api,
     broker,
+    calibrate,
     capacity,
     chaos,
     demo,
@@ -43,6 +44,7 @@ warehouse.register(app)
 lag.register(app)
 replay.register(app)
 capacity.register(app)
+calibrate.register(app)
 simulate.register(app)
 chaos.register(app)
 spread.register(app)

@@ -5,7 +5,9 @@ service time on this machine, and the `plan` line it gives.
 mean wait an event may have before a replica starts on it) and prints utilisation, the M/M/1,
 pooled (Erlang C) and split waits, the backlog, the per-replica lag target, the replicas needed
 and max.poll.interval.ms (`consumers.lag.queueing`); `--from-lag GROUP` reads the rates
-from the live lag model instead. docs/capacity.md has the formulas.
+from the live lag model instead. `--backlog` / `--outage` add the catch-up time (with `--ramp` and
+`--efficiency` for a restart), `--zipf S --partitions N` the cap that key skew puts on the group.
+docs/capacity.md has the formulas.
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ def plan_command(
         float | None,
         typer.Option("--outage", help="seconds the group was stopped: a backlog of λ x that many seconds"),
     ] = None,
+    ramp: Annotated[float, typer.Option("--ramp", help="seconds until the replicas serve (catch-up)")] = 0.0,
+    efficiency: Annotated[
+        float, typer.Option("--efficiency", help="per-replica throughput sharing the cores, 0 < E <= 1")
+    ] = 1.0,
+    zipf: Annotated[
+        float | None, typer.Option("--zipf", metavar="S", help="key skew: Zipf exponent over the partitions")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Queueing arithmetic: utilisation, waits (M/M/1, pooled, split), backlog, lag target, replicas."""
@@ -126,6 +135,9 @@ def plan_command(
             service_p99=service_p99,
             target_utilisation=s.scaling.target_utilisation,
             backlog=backlog,
+            ramp_s=ramp,
+            efficiency=efficiency,
+            zipf_s=zipf,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
@@ -241,14 +253,26 @@ def render_plan(p: Plan, out: Console, sources: dict[str, Any] | None = None) ->
         ),
     ]
     if p.catch_up_s is not None and i.backlog is not None:
-        spare = p.replicas * i.service_rate - i.arrival_rate
+        spare = p.replicas * i.service_rate * i.efficiency - i.arrival_rate
         at = f"{p.replicas} replica{'' if p.replicas == 1 else 's'}"
+        plain = i.ramp_s == 0 and i.efficiency == 1
+        formula = (
+            "B / (cμ - λ)" if plain else f"{i.ramp_s:g} + (B + λ·{i.ramp_s:g}) / (cμ·{i.efficiency:g} - λ)"
+        )
         rows.append(
             (
                 f"catch-up of {i.backlog:,.0f} events",
-                f"{_seconds(p.catch_up_s)} at {at} (B / (cμ - λ), {spare:.4g}/s spare)"
+                f"{_seconds(p.catch_up_s)} at {at} ({formula}, {spare:.4g}/s spare)"
                 if math.isfinite(p.catch_up_s)
-                else f"never at {at} (cμ ≤ λ: no spare capacity)",
+                else f"never at {at} (cμE ≤ λ: no spare capacity)",
+            )
+        )
+    if p.hottest_share is not None and p.skew_cap_rate is not None:
+        rows.append(
+            (
+                f"hottest partition (Zipf {i.zipf_s:g})",
+                f"{p.hottest_share:.1%} of λ = {i.arrival_rate * p.hottest_share:.4g}/s; "
+                f"the group's cap μ / share = {p.skew_cap_rate:.4g}/s",
             )
         )
     for label, value in rows:

@@ -23,7 +23,7 @@ import pytest
 from pydantic import SecretStr
 
 from consumers.lag.health import HealthStatus
-from consumers.lag.scaling import Rule, ScalingConfig
+from consumers.lag.scaling import Decision, Observation, Rule, ScalingConfig, ScalingPolicy
 from consumers.lag.snapshot import GroupLag, LagSnapshot, PartitionLag
 from consumers.ops.autoscaler import Autoscaler
 from consumers.ops.autoscaler_policy import observation
@@ -241,6 +241,30 @@ def test_grows_under_a_burst_with_the_live_processes_as_current_replicas(
     assert status["ocr"].decision.current_replicas == 4
     assert status["ocr"].members == 3
     assert (status["ocr"].live, status["ocr"].started) == (4, 4)
+
+
+def test_runs_another_decider_when_given_one(rig: tuple[Clock, Sampler, Launcher]) -> None:
+    """`policy=`: each group's decider is built from the config by the factory (calibrate's
+    reactive HPA), and its decisions are reconciled as the policy's would be."""
+    _clock, sampler, launcher = rig
+    seen: list[tuple[int, int]] = []
+    built: list[ScalingConfig] = []
+
+    class Three:
+        def __init__(self, config: ScalingConfig) -> None:
+            built.append(config)
+            self.policy = ScalingPolicy(config)
+
+        def evaluate(self, obs: Observation) -> Decision:
+            seen.append((obs.lag_events, obs.current_replicas))
+            return replace(self.policy.evaluate(obs), desired_replicas=3)
+
+    scaler = autoscaler(rig, policy=Three)
+    assert built == [FAST]
+    sampler.set("docstream.ocr", lag=7, arrival=1.0, completion=1.0)
+    scaler.tick()
+    assert seen == [(7, 0)]  # decided before the first start
+    assert (scaler.status()["ocr"].desired, len(launcher.alive("ocr"))) == (3, 3)
 
 
 def test_never_above_max_nor_the_partitions(rig: tuple[Clock, Sampler, Launcher]) -> None:

@@ -10,7 +10,14 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from consumers.lag.plan import MAX_UNIT_S, PlanInputs, max_poll_interval_ms, max_utilisation, plan
+from consumers.lag.plan import (
+    MAX_UNIT_S,
+    PlanInputs,
+    max_poll_interval_ms,
+    max_utilisation,
+    plan,
+    zipf_hottest_share,
+)
 from consumers.lag.queueing import (
     catch_up_s,
     erlang_b,
@@ -243,6 +250,54 @@ def test_plan_catch_up_after_an_outage() -> None:
     assert json.loads(runner.invoke(app, [*base, "--json"]).stdout)["catch_up"] is None
 
 
+def test_catch_up_with_a_ramp_and_shared_cores_by_hand() -> None:
+    """catch-up = ramp + (B + λ·ramp) / (cμE - λ): the chaos drill's 0.15/s, 270 waiting, two
+    replicas of 0.3/s; 60 s until they serve and 0.8 of a replica each: 60 + 279 / 0.33 = 905.5 s
+    (600 s without either); ramp 0 and E 1 are the plain B / (cμ - λ), to the last digit."""
+    base = {"arrival_rate": 0.15, "service_time": 1 / 0.3, "objective_s": 30, "replicas": 2, "backlog": 270}
+    plain = plan(PlanInputs(**base))  # type: ignore[arg-type]
+    assert plain.catch_up_s == catch_up_s(270, 0.15, 1 / (1 / 0.3), 2)
+    assert plain.catch_up_s == pytest.approx(600)
+    ramped = plan(PlanInputs(**base, ramp_s=60, efficiency=0.8))  # type: ignore[arg-type]
+    assert ramped.catch_up_s == pytest.approx(60 + (270 + 0.15 * 60) / (2 * 0.3 * 0.8 - 0.15))
+    assert ramped.catch_up_s == pytest.approx(905.4545, abs=1e-3)
+    assert math.isinf(plan(PlanInputs(**base, efficiency=0.25)).catch_up_s or 0)  # type: ignore[arg-type]
+    out = ramped.to_dict()["catch_up"]
+    assert out["ramp_s"] == 60 and out["efficiency"] == 0.8
+    assert out["seconds"] == pytest.approx(905.4545, abs=1e-3)
+
+
+def test_plan_catch_up_options() -> None:
+    args = ["plan", "--arrival-rate", "0.15", "--service-time", "3.3333333", "--objective", "30"]
+    args += ["--replicas", "2", "--backlog", "270", "--ramp", "60", "--efficiency", "0.8"]
+    out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert out["catch_up"]["seconds"] == pytest.approx(905.45, abs=0.05)
+    assert out["inputs"]["ramp_s"] == 60 and out["inputs"]["efficiency"] == 0.8
+    text = runner.invoke(app, args).stdout
+    assert "905.5 s at 2 replicas (60 + (B + λ·60) / (cμ·0.8 - λ)" in text, text
+
+
+def test_zipf_hottest_partition_caps_the_group() -> None:
+    """Zipf(1) over 12 partitions: the hottest gets 1/H(12) = 1/3.1032 = 32.2 %; at μ = 25/s the
+    group serves at most 25 / 0.3222 = 77.6/s whatever the replica count; 200/s gets a warning."""
+    share = zipf_hottest_share(12, 1.0)
+    assert share == pytest.approx(1 / sum(1 / i for i in range(1, 13)))
+    assert share == pytest.approx(0.32224, abs=1e-5)
+    assert zipf_hottest_share(4, 2.0) == pytest.approx(1 / (1 + 1 / 4 + 1 / 9 + 1 / 16))
+    hot = plan(PlanInputs(arrival_rate=200, service_time=0.04, objective_s=0.2, partitions=12, zipf_s=1.0))
+    assert hot.skew_cap_rate == pytest.approx(25 / share)
+    assert any("no replica count keeps up" in w and "77.58/s" in w for w in hot.warnings), hot.warnings
+    skew = hot.to_dict()["skew"]
+    assert skew["capped"] and skew["hottest_rate"] == pytest.approx(200 * share)
+    calm = plan(PlanInputs(arrival_rate=40, service_time=0.04, objective_s=0.2, partitions=12, zipf_s=1.0))
+    assert not calm.to_dict()["skew"]["capped"]  # 12.9/s on the hottest: 0.52 of a replica
+    assert not any("key skew" in w for w in calm.warnings)
+    assert plan(PlanInputs(arrival_rate=40, service_time=0.04, objective_s=0.2)).to_dict()["skew"] is None
+    hot_args = ["plan", "--arrival-rate", "200", "--service-time", "0.04", "--objective", "0.2"]
+    text = runner.invoke(app, [*hot_args, "--partitions", "12", "--zipf", "1"]).stdout
+    assert "hottest partition (Zipf 1)" in text and "77.58/s" in text, text
+
+
 def test_plan_of_an_overload_exits_0_with_a_warning() -> None:
     result = runner.invoke(
         app,
@@ -278,6 +333,22 @@ def test_plan_of_an_overload_exits_0_with_a_warning() -> None:
         ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--backlog", "-5"],
         ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--outage", "-1"],
         ["--arrival-rate", "1", "--service-time", "0.04", "--backlog", "5", "--outage", "5"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--efficiency", "1.5"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--efficiency", "0"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--ramp", "-3"],
+        ["--arrival-rate", "1", "--service-time", "0.04", "--objective", "1", "--zipf", "1"],
+        [
+            "--arrival-rate",
+            "1",
+            "--service-time",
+            "0.04",
+            "--objective",
+            "1",
+            "--partitions",
+            "4",
+            "--zipf",
+            "0",
+        ],
     ],
 )
 def test_bad_plan_use_exits_2(args: list[str]) -> None:

@@ -8,7 +8,9 @@ count it wants. One per `PolicySpec.kind` (`build_decider(spec, scenario)`):
 - `reactive`: the HPA on queue depth: `consumers.lag.hpa.hpa_desired_replicas` with its
   tolerance, then the HPA's stabilisation windows and scale-down rate limit;
 - `docstream`: `consumers.lag.scaling`'s `ScalingPolicy`, the code the local autoscaler runs, fed
-  an `Observation` built as `consumers.ops.autoscaler_policy.observation` builds it;
+  an `Observation` built as `consumers.ops.autoscaler_policy.observation` builds it, configured
+  with what an operator knows of the scenario (cold start and metric delays as `lead_s`, the
+  commit interval as `measurement_lag_s`, per-partition queues as `lanes=1`);
 - `warm_pool`: another policy's decisions (the pool itself is the simulation's replica supply).
 """
 
@@ -36,10 +38,14 @@ class Metrics:
     completion_rate: float  # events/s over the same window
     head_age_s: float  # how long the oldest waiting event has waited (the time lag)
     ready: int | None = None  # replicas that serve now (started and ready, within the partitions)
+    # With commit lag (issue 26): the events not committed, and the oldest one's age (what Kafka's
+    # lag shows); None: no commit lag modelled, lag = waiting + in service, time lag = head age.
+    unsettled: int | None = None
+    time_lag_s: float | None = None
 
     @property
     def lag(self) -> int:
-        return self.waiting + self.in_service
+        return self.unsettled if self.unsettled is not None else self.waiting + self.in_service
 
 
 class Decider(Protocol):
@@ -115,6 +121,7 @@ class _Docstream:
 
     def __init__(self, spec: PolicySpec, scenario: Scenario) -> None:
         mu = float(spec.get("service_rate_per_replica"))
+        m = scenario.mechanics
         self.config = ScalingConfig(
             objective_s=scenario.objective_s,
             min_replicas=int(spec.get("min_replicas")),
@@ -127,7 +134,12 @@ class _Docstream:
             max_scale_in=int(spec.get("max_scale_in")),
             service_rate_per_replica=mu if mu > 0 else None,
             saturation_backlog_s=float(spec.get("saturation_backlog_s")),
-            lead_s=scenario.cold_start.total_s,  # what an operator knows: their cold start
+            # What an operator knows of their deployment: the cold start, plus how old the numbers
+            # can be (the metric delays); the commit interval; whether replicas serve their
+            # partitions one event at a time.
+            lead_s=scenario.cold_start.total_s + sum(m.metrics.stages if m.metrics is not None else ()),
+            measurement_lag_s=m.commit.interval_s if m.commit is not None else 0.0,
+            lanes=1 if m.partitions is not None else None,
         )
         self.rate_window_s = float(spec.get("rate_window_s"))
         self.partitions = scenario.partitions or self.config.max_replicas
@@ -136,14 +148,15 @@ class _Docstream:
     def desired(self, m: Metrics, current: int) -> int:
         # As consumers.ops.autoscaler_policy.observation: current = the live replicas (started,
         # ready or not), ready = those that serve (the group's members), lag = waiting + in
-        # service, backlog_s = the time lag (the oldest unsettled event).
+        # service (or the uncommitted events), backlog_s = the time lag (the oldest waiting event,
+        # or with commit lag the oldest uncommitted one).
         obs = Observation(
             now_ms=round(m.t * 1000),
             current_replicas=current,
             lag_events=m.lag,
             arrival_rate=max(0.0, m.arrival_rate),
             completion_rate=max(0.0, m.completion_rate),
-            backlog_s=m.head_age_s,
+            backlog_s=m.time_lag_s if m.time_lag_s is not None else m.head_age_s,
             partitions=self.partitions,
             ready_replicas=m.ready,
         )

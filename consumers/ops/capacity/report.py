@@ -4,10 +4,10 @@ per-second timeline the plot draws (`consumers.ops.capacity.simulate` fills them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from consumers.ops.capacity.scenario import Scenario
+from consumers.ops.capacity.scenario import MECHANISMS, Scenario
 
 __all__ = ["PolicyReport", "SimulationReport", "Timeline"]
 
@@ -21,6 +21,13 @@ class Timeline:
     capacity: list[float] = field(default_factory=list)  # ready serving replicas x μ
     backlog: list[float] = field(default_factory=list)  # lag: waiting + in service
     replicas: list[float] = field(default_factory=list)  # asked for, ready or not
+    # The age of the oldest unsettled event (not committed with commit lag, else not finished);
+    # 0 when there is none: what `docstream lag` and the autoscaler's backlog_s show.
+    time_lag: list[float] = field(default_factory=list)
+    ready: list[float] = field(default_factory=list)  # replicas serving (ready, within the partitions)
+    # The events not settled as the lag model sees them (Kafka's offset lag): with commit lag the
+    # arrived less the committed, otherwise waiting + in service (= backlog).
+    unsettled: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class PolicyReport:
     max_replicas: int
     scale_ups: int
     scale_downs: int
+    time_outside_lag_s: float = 0.0  # seconds whose end saw Timeline.time_lag above the objective
+    mechanisms: tuple[str, ...] = ()  # the scenario's mechanics switched on
 
     @property
     def first_episode_s(self) -> float:
@@ -64,6 +73,7 @@ class PolicyReport:
             "max_replicas": self.max_replicas,
             "scale_ups": self.scale_ups,
             "scale_downs": self.scale_downs,
+            "time_outside_lag_s": round(self.time_outside_lag_s, 3),
         }
 
 
@@ -87,6 +97,7 @@ class SimulationReport:
             "cold_start_s": s.cold_start.total_s,
             "service_rate_per_replica": round(s.service.rate, 6),
             "price_per_replica_hour": s.price_per_replica_hour,
+            "mechanisms": _mechanisms(s),
             "policies": [p.to_dict() for p in self.policies],
         }
 
@@ -105,3 +116,9 @@ class SimulationReport:
                 f"{p.scale_ups:>4} {p.scale_downs:>5}"
             )
         return lines
+
+
+def _mechanisms(s: Scenario) -> dict[str, Any]:
+    """The scenario's mechanics as JSON: each switched-on one's settings, null when off."""
+    m = s.mechanics
+    return {name: None if getattr(m, name) is None else asdict(getattr(m, name)) for name in MECHANISMS}

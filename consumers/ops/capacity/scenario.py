@@ -11,12 +11,16 @@ The parts, all frozen:
 - `Arrivals` and `Service` (`consumers.ops.capacity.workload`): the rate over time, and one
   replica's service time per event;
 - `ColdStart`: the delays before a new replica serves (provisioning, image pull, model load);
-- `PolicySpec`: one scaling policy to compare (`fixed`, `reactive`, `docstream`, `warm_pool`).
+- `PolicySpec`: one scaling policy to compare (`fixed`, `reactive`, `docstream`, `warm_pool`);
+- `Mechanics` (issue 26): the parts of a real group the simulator can switch on one at a time, the
+  rebalance pause, the metric delays, per-partition queues and commit lag, each `None` when off
+  (no `mechanics:` block: all off, the simulation of issue 14 to the last digit);
+  `Scenario.without(*names)` switches some off.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,8 +31,14 @@ from consumers.ops.capacity.scenario_fields import Fields, ScenarioError
 from consumers.ops.capacity.workload import Arrivals, Service, parse_arrivals, parse_service
 
 __all__ = [
+    "MECHANISMS",
     "ColdStart",
+    "CommitLag",
+    "Mechanics",
+    "MetricDelays",
+    "PartitionQueues",
     "PolicySpec",
+    "RebalancePause",
     "Scenario",
     "load_scenario",
     "parse_scenario",
@@ -36,6 +46,9 @@ __all__ = [
 ]
 
 POLICY_KINDS = ("fixed", "reactive", "docstream", "warm_pool")
+MECHANISMS = ("rebalance", "metrics", "partitions", "commit")
+ASSIGNORS = ("cooperative", "eager")
+SKEWS = ("uniform", "zipf")
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +156,111 @@ def _policy(f: Fields) -> PolicySpec:
 
 
 # --------------------------------------------------------------------------------------------
+# Mechanics (issue 26): each one None when off
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebalancePause:
+    """A pause per membership change (a replica becomes ready, or leaves).
+
+    eager: every member serves nothing for `pause_s` after the change; cooperative: only the
+    partitions that move wait `pause_s` before their new owner serves them (without per-partition
+    queues: a new replica serves `pause_s` after it is ready)."""
+
+    assignor: str = "cooperative"
+    pause_s: float = 2.8  # measured on the local broker: one round of a cooperative rebalance
+
+
+@dataclass(frozen=True)
+class MetricDelays:
+    """How old the numbers are that a policy decides on: sample-and-hold at each stage.
+
+    The exporter samples the lag model every `exporter_interval_s`, Prometheus scrapes that every
+    `scrape_interval_s`, KEDA polls that every `poll_interval_s` (0: no such stage)."""
+
+    exporter_interval_s: float = 5.0
+    scrape_interval_s: float = 0.0
+    poll_interval_s: float = 0.0
+
+    @property
+    def stages(self) -> tuple[float, ...]:
+        """The sampling intervals from the policy's end back to the lag model's (0s left out)."""
+        return tuple(
+            i for i in (self.poll_interval_s, self.scrape_interval_s, self.exporter_interval_s) if i > 0
+        )
+
+
+@dataclass(frozen=True)
+class PartitionQueues:
+    """Per-partition queues: each event gets a partition (uniform, or Zipf weights over them)."""
+
+    skew: str = "uniform"
+    zipf_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class CommitLag:
+    """An event counts as lag until its offset is committed, every `interval_s`."""
+
+    interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Mechanics:
+    rebalance: RebalancePause | None = None
+    metrics: MetricDelays | None = None
+    partitions: PartitionQueues | None = None
+    commit: CommitLag | None = None
+
+    @property
+    def on(self) -> tuple[str, ...]:
+        """The names of the mechanisms switched on, in MECHANISMS order."""
+        return tuple(name for name in MECHANISMS if getattr(self, name) is not None)
+
+
+def _switch(f: Fields, key: str) -> Fields | None:
+    """The sub-block's fields, or None when it is absent or `enabled: false`."""
+    if not f.has(key):
+        f.seen.add(key)
+        return None
+    sub = Fields(f.raw(key), f.name(key))
+    enabled = sub.data.get("enabled", True)
+    sub.seen.add("enabled")
+    if not isinstance(enabled, bool):
+        raise ScenarioError(f"{sub.name('enabled')}: must be true or false, got {enabled!r}")
+    return sub if enabled else None
+
+
+def _mechanics(f: Fields, partitions: int | None) -> Mechanics:
+    rebalance = metrics = queues = commit = None
+    if (sub := _switch(f, "rebalance")) is not None:
+        rebalance = RebalancePause(
+            sub.choice("assignor", ASSIGNORS, "cooperative"), sub.number("pause_s", 2.8)
+        )
+        sub.done()
+    if (sub := _switch(f, "metrics")) is not None:
+        metrics = MetricDelays(
+            sub.number("exporter_interval_s", 5.0),
+            sub.number("scrape_interval_s", 0.0),
+            sub.number("poll_interval_s", 0.0),
+        )
+        sub.done()
+    if (sub := _switch(f, "partitions")) is not None:
+        skew = sub.choice("skew", SKEWS, "uniform")
+        zipf_s = sub.number("zipf_s", 1.0, strict=True)
+        sub.done()
+        if partitions is None:
+            raise ScenarioError(f"{f.name('partitions')}: needs replicas.partitions (how many queues)")
+        queues = PartitionQueues(skew, zipf_s)
+    if (sub := _switch(f, "commit")) is not None:
+        commit = CommitLag(sub.number("interval_s", 2.0, strict=True))
+        sub.done()
+    f.done()
+    return Mechanics(rebalance, metrics, queues, commit)
+
+
+# --------------------------------------------------------------------------------------------
 # The scenario
 # --------------------------------------------------------------------------------------------
 
@@ -163,6 +281,16 @@ class Scenario:
     cold_start: ColdStart
     policies: tuple[PolicySpec, ...]
     disturbance_at_s: float | None  # where "time to drain" is measured from
+    mechanics: Mechanics = Mechanics()
+
+    def without(self, *names: str) -> Scenario:
+        """A copy with those mechanisms off (names of MECHANISMS; an unknown one is an error)."""
+        for name in names:
+            if name not in MECHANISMS:
+                raise ScenarioError(
+                    f"--without: {name!r} is not a mechanism (one of {', '.join(MECHANISMS)})"
+                )
+        return replace(self, mechanics=replace(self.mechanics, **dict.fromkeys(names)))
 
     def policy(self, name: str) -> PolicySpec:
         for p in self.policies:
@@ -209,6 +337,7 @@ def parse_scenario(data: object, *, base_dir: Path | None = None, default_name: 
                     f"got {target!r}"
                 )
     disturbance = f.number("disturbance_at_s", -1.0, low=-1.0)
+    mechanics = _mechanics(Fields(f.raw("mechanics") if f.has("mechanics") else {}, "mechanics"), partitions)
     f.done()
     return Scenario(
         name=name,
@@ -225,6 +354,7 @@ def parse_scenario(data: object, *, base_dir: Path | None = None, default_name: 
         cold_start=cold_start,
         policies=policies,
         disturbance_at_s=disturbance if disturbance >= 0 else arrivals.change_at_s,
+        mechanics=mechanics,
     )
 
 

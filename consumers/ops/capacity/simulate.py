@@ -28,6 +28,15 @@ head from the previous start until its own, and late from `arrival + objective_s
 than `MERGE_GAP_S` apart form one episode; "time to drain" runs from the disturbance (the step,
 burst or ramp start, or `disturbance_at_s`) to the end of the first episode after it.
 
+The mechanics of a real group (issue 26, `Scenario.mechanics`, each off unless the scenario
+switches it on): per-partition queues and the rebalance pause are the replicas' and queues' own
+(`consumers.ops.capacity.group`: `Pool`, or `Partitions`); commit lag settles events only at each
+commit, so the time lag and lag the monitor reports are the committed ones; metric delays hand the
+policy the monitor's numbers of an earlier second (`_Delays`: exporter, scrape and poll, each a
+sample-and-hold). Besides the above the timeline records the time lag (the oldest unsettled
+event), the replicas serving and the unsettled events each second, and the report the seconds
+whose time lag was above the objective (`time_outside_lag_s`).
+
 The policies (`fixed`, `reactive`, `docstream`, `warm_pool`) are `consumers.ops.capacity.policies`'s
 deciders; the reports and the timeline are `consumers.ops.capacity.report`'s. A `warm_pool` policy
 takes another policy's decisions, with a pool of pre-warmed replicas that join after `join_s` and
@@ -36,14 +45,14 @@ are replenished in the background (`_Supply` here).
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
-from collections import deque
+from dataclasses import replace
 
+from consumers.ops.capacity.group import MERGE_GAP_S, Partitions, Pool, Tally, partition_weights
 from consumers.ops.capacity.policies import Metrics, build_decider
 from consumers.ops.capacity.report import PolicyReport, SimulationReport, Timeline
-from consumers.ops.capacity.scenario import PolicySpec, Scenario
+from consumers.ops.capacity.scenario import MetricDelays, PolicySpec, Scenario
 
 __all__ = [
     "MERGE_GAP_S",
@@ -51,7 +60,6 @@ __all__ = [
     "simulate_policy",
 ]
 
-MERGE_GAP_S = 10.0  # breaches closer than this are one episode
 STEP_S = 1.0  # the queue advances (and the timeline samples) one second at a time
 
 
@@ -96,6 +104,7 @@ def simulate_policy(
 ) -> tuple[PolicyReport, Timeline]:
     """One policy: the queue advanced second by second, the policy every `interval_s`."""
     s = scenario
+    mech = s.mechanics
     arrival_rng = random.Random(f"{seed}/arrivals")
     service_time = s.service.sampler(random.Random(f"{seed}/service"))
     expovariate = arrival_rng.expovariate
@@ -106,202 +115,185 @@ def simulate_policy(
         float(spec.get("join_s", 0.0)) if spec.kind == "warm_pool" else 0.0,
     )
     mu = s.service.rate
-    objective = s.objective_s
     duration = s.duration_s
     steps = math.ceil(duration / STEP_S)
-    cap = s.partitions if s.partitions is not None else 1 << 30
     initial = s.initial_replicas
     if spec.kind == "fixed":
         initial = int(spec.get("replicas"))
+    tally = Tally(s.objective_s, warmup_s, steps)
+    pause = mech.rebalance.pause_s if mech.rebalance is not None else 0.0
+    eager = mech.rebalance is not None and mech.rebalance.assignor == "eager"
+    group: Pool | Partitions
+    if mech.partitions is not None and s.partitions is not None:
+        weights = partition_weights(s.partitions, mech.partitions.skew, mech.partitions.zipf_s)
+        pick = random.Random(f"{seed}/partitions").random
+        group = Partitions(tally, service_time, initial, weights, pick, pause, eager)
+    else:
+        cap = s.partitions if s.partitions is not None else 1 << 30
+        group = Pool(tally, service_time, initial, cap, 0.0 if eager else pause)
+    split_at_joins = isinstance(group, Partitions) or eager
+    delays = _Delays(mech.metrics, seed) if mech.metrics is not None else None
+    commit_every = mech.commit.interval_s if mech.commit is not None else None
+    next_commit = commit_every if commit_every is not None else math.inf
 
-    servers: list[float] = [0.0] * min(initial, cap)  # a min-heap of the times each replica is free
-    extras: list[float] = [0.0] * (initial - len(servers))  # beyond the partitions: paid, idle
-    pending: list[float] = []  # ready times of serving replicas still starting
-    waiting: deque[float] = deque()  # arrival times of events not started, in order
     stamps = s.arrivals.timestamps
     next_stamp = 0
-    completed_in = [0] * (steps + 2)  # completions per second (by finish time)
     arrived_cum = [0]  # cumulative arrivals at each second's end
     completed_cum = [0]
-    started = arrived = 0
-    prev_start = -math.inf
-    outside = 0.0
-    episodes: list[list[float]] = []
-    wait_sum = 0.0
-    counted = late = 0
-    max_wait = 0.0
+    arrived = 0
     peak = 0
     hours = 0.0
     pool_hours = len(supply.slots) * duration / 3600
     max_replicas = initial
     ups = downs = 0
+    outside_lag = 0.0
     next_eval = s.interval_s
     timeline = Timeline()
+    seen = [Metrics(t=0.0, waiting=0, in_service=0, arrival_rate=0.0, completion_rate=0.0, head_age_s=0.0)]
 
     for k in range(steps):
         t = k * STEP_S
         end = min(t + STEP_S, duration)
-        pending = [r for r in pending if r > end]
 
         # 1. Arrivals in [t, end): Poisson at the pattern's rate (memoryless: restarting each
         # second is exact), or the recorded timestamps.
+        new: list[float] = []
         if stamps:
             while next_stamp < len(stamps) and stamps[next_stamp] < end:
-                waiting.append(stamps[next_stamp])
+                new.append(stamps[next_stamp])
                 next_stamp += 1
-            n_new = next_stamp - arrived
         else:
             rate = s.arrivals.rate_at(t + (end - t) / 2)
-            n_new = 0
             if rate > 0:
                 a = t + expovariate(rate)
                 while a < end:
-                    waiting.append(a)
-                    n_new += 1
+                    new.append(a)
                     a += expovariate(rate)
-        arrived += n_new
+        group.arrive(new)
+        arrived += len(new)
 
-        # 2. Starts: each waiting event, in order, at max(arrival, earliest free replica), while
-        # that is within this second (a later start may still change with the next decision).
-        while waiting and servers:
-            a = waiting[0]
-            free = servers[0]
-            start = a if a > free else free
-            if start > end:
-                break
-            waiting.popleft()
-            finish = start + service_time()
-            heapq.heapreplace(servers, finish)
-            started += 1
-            bucket = int(finish / STEP_S)
-            if bucket <= steps:
-                completed_in[bucket] += 1
-            wait = start - a
-            if wait > max_wait:
-                max_wait = wait
-            if a >= warmup_s:
-                counted += 1
-                wait_sum += wait
-                if wait > objective:
-                    late += 1
-            # The head of the queue from the previous start until this one is this event; it is
-            # late from a + objective.
-            late_from = a + objective
-            if prev_start > late_from:
-                late_from = prev_start
-            if start > late_from:
-                outside += start - late_from
-                if episodes and late_from - episodes[-1][1] <= MERGE_GAP_S:
-                    episodes[-1][1] = start
+        # 2. Starts up to the second's end; a replica joining within it changes the members (and
+        # with a rebalance pauses partitions) at its ready time.
+        if split_at_joins:
+            for at in group.joins(t, end):
+                group.serve(at)
+                if isinstance(group, Partitions):
+                    group.join(at)
                 else:
-                    episodes.append([late_from, start])
-            prev_start = start
+                    group.pause_all(at + pause)
+        if isinstance(group, Pool):
+            group.prune(end)
+        group.serve(end)
 
-        # 3. What a monitor sees at the second's end.
+        # 3. What a monitor sees at the second's end; the offsets committed (or the events
+        # settled) by then.
+        if end >= next_commit or commit_every is None:
+            group.settle(end)
+            while next_commit <= end:
+                next_commit += commit_every or math.inf
         arrived_cum.append(arrived)
-        completed_cum.append(completed_cum[-1] + completed_in[k])
-        in_service = started - completed_cum[-1]
-        backlog = len(waiting) + in_service
+        completed_cum.append(completed_cum[-1] + tally.completed_in[k])
+        in_service = tally.started - completed_cum[-1]
+        waiting = group.waiting_count
+        backlog = waiting + in_service
         if backlog > peak:
             peak = backlog
-        ready_serving = len(servers) - len(pending)
-        current = len(servers) + len(extras)
+        ready_serving = group.serving()
+        current = group.size()
         hours += current * (end - t) / 3600
+        oldest = group.oldest_unsettled()
+        time_lag = end - oldest if oldest is not None else 0.0
+        if time_lag > s.objective_s:
+            outside_lag += end - t
         timeline.t.append(end)
-        timeline.arrivals.append(n_new / (end - t))
+        timeline.arrivals.append(len(new) / (end - t))
         timeline.capacity.append(ready_serving * mu)
         timeline.backlog.append(float(backlog))
         timeline.replicas.append(float(current))
+        timeline.time_lag.append(time_lag)
+        timeline.ready.append(float(ready_serving))
+        unsettled = arrived - group.settled if commit_every is not None else backlog
+        timeline.unsettled.append(float(unsettled))
 
-        # 4. The policy, every interval_s.
-        if end >= next_eval and end < duration:
-            next_eval += s.interval_s
+        # 4. The policy, every interval_s, on what the monitor saw (now, or as of its samples).
+        evaluate = end >= next_eval and end < duration
+        if evaluate or delays is not None:
+            head = group.oldest_waiting()
             window = min(decider.rate_window_s, end)
             lo = max(0, k + 1 - max(1, round(window / STEP_S)))
             span = (k + 1 - lo) * STEP_S
             metrics = Metrics(
                 t=end,
-                waiting=len(waiting),
+                waiting=waiting,
                 in_service=in_service,
                 arrival_rate=(arrived_cum[-1] - arrived_cum[lo]) / span,
                 completion_rate=(completed_cum[-1] - completed_cum[lo]) / span,
-                head_age_s=end - waiting[0] if waiting else 0.0,
+                head_age_s=end - head if head is not None else 0.0,
                 ready=ready_serving,
+                unsettled=unsettled if commit_every is not None else None,
+                time_lag_s=time_lag if commit_every is not None else None,
             )
+            if delays is not None:
+                seen.append(metrics)
+                index = delays.index(end)
+                metrics = replace(seen[index], t=end)
+                if evaluate and index == 0:  # no sample has reached the policy yet: no decision
+                    evaluate, next_eval = False, next_eval + s.interval_s
+        if evaluate:
+            next_eval += s.interval_s
             desired = max(0, decider.desired(metrics, current))
             if desired > current:
                 ups += 1
-                for ready in supply.ready_times(desired - current, end):
-                    if len(servers) < cap:
-                        heapq.heappush(servers, ready)
-                        pending.append(ready)
-                    else:
-                        extras.append(ready)
+                group.add(supply.ready_times(desired - current, end))
                 max_replicas = max(max_replicas, desired)
             elif desired < current:
                 downs += 1
-                hours += _remove(current - desired, servers, extras, pending, end, cap) / 3600
+                draining, left = group.remove(current - desired, end)
+                hours += draining / 3600
+                if left and eager and isinstance(group, Pool):
+                    group.pause_all(end + pause)
 
-    # The queue's head at the end, if it is late by then.
-    if waiting:
-        late_from = max(prev_start, waiting[0] + objective)
-        if duration > late_from:
-            outside += duration - late_from
-            if episodes and late_from - episodes[-1][1] <= MERGE_GAP_S:
-                episodes[-1][1] = duration
-            else:
-                episodes.append([late_from, duration])
-        max_wait = max(max_wait, duration - waiting[0])
-    breached_at_end = bool(episodes) and episodes[-1][1] >= duration - 1e-9 and bool(waiting)
+    group.finish(duration)
+    episodes = tally.episodes
+    breached_at_end = bool(episodes) and episodes[-1][1] >= duration - 1e-9 and group.waiting_count > 0
     report = PolicyReport(
         name=spec.name,
         kind=spec.kind,
-        time_outside_s=outside,
+        time_outside_s=tally.outside,
         episodes=tuple((a, b) for a, b in episodes),
         breached_at_end=breached_at_end,
         time_to_drain_s=_drain_time(episodes, s.disturbance_at_s, breached_at_end),
         peak_backlog=peak,
-        max_wait_s=max_wait,
-        mean_wait_s=wait_sum / counted if counted else 0.0,
-        late_fraction=late / counted if counted else 0.0,
+        max_wait_s=tally.max_wait,
+        mean_wait_s=tally.wait_sum / tally.counted if tally.counted else 0.0,
+        late_fraction=tally.late / tally.counted if tally.counted else 0.0,
         events=arrived,
         replica_hours=hours + pool_hours,
         cost=(hours + pool_hours) * s.price_per_replica_hour,
         max_replicas=max_replicas,
         scale_ups=ups,
         scale_downs=downs,
+        time_outside_lag_s=outside_lag,
+        mechanisms=mech.on,
     )
     return report, timeline
 
 
-def _remove(
-    n: int, servers: list[float], extras: list[float], pending: list[float], now: float, cap: int
-) -> float:
-    """Take n replicas away: starting ones first (newest first), then idle extras, then the serving
-    replicas that are free soonest. Returns the seconds still to pay for those finishing an event."""
-    draining = 0.0
-    extras.sort()
-    while n and extras and extras[-1] > now:  # extras still starting
-        extras.pop()
-        n -= 1
-    pending.sort()
-    while n and pending:
-        servers.remove(pending.pop())
-        n -= 1
-    heapq.heapify(servers)
-    while n and extras:
-        extras.pop()
-        n -= 1
-    while n and servers:
-        free = heapq.heappop(servers)
-        draining += max(0.0, free - now)
-        n -= 1
-    while extras and len(servers) < cap:  # an idle extra takes over a freed partition
-        ready = extras.pop()
-        heapq.heappush(servers, max(ready, now))
-        if ready > now:
-            pending.append(ready)
-    return draining
+class _Delays:
+    """Which second's numbers a policy sees at an evaluation: the lag model sampled by the
+    exporter, that sampled by the scrape, that by KEDA's poll (each sample-and-hold, each on its own
+    clock: a phase drawn from the seed, the same for every policy)."""
+
+    def __init__(self, delays: MetricDelays, seed: int) -> None:
+        rng = random.Random(f"{seed}/metrics")
+        self.stages = [(interval, rng.uniform(0, interval)) for interval in delays.stages]
+
+    def index(self, now: float) -> int:
+        """The index into the per-second snapshots (0: the start, k: the end of second k)."""
+        at = now
+        for interval, phase in self.stages:  # the policy's end first, back to the lag model
+            at = phase + math.floor((at - phase) / interval) * interval
+        return max(0, math.floor(at / STEP_S + 1e-9))
 
 
 def _drain_time(

@@ -11,6 +11,7 @@ docs/simulate.md has the format), each validated field by field:
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from bisect import bisect_right
@@ -165,7 +166,8 @@ class Service:
 
     exponential: `rate` (μ, events/s) or `mean_s`; lognormal: `p50_s` and `p99_s`, or `mean_s`
     and `sigma`; samples: `values_s` (a list) or `file` (one time in seconds per line), drawn
-    uniformly with replacement.
+    uniformly with replacement, or with `order: arrival` taken in turn (event i, in arrival order,
+    takes the i-th, wrapping round: a real run's service times replayed event by event).
     """
 
     kind: str
@@ -173,6 +175,7 @@ class Service:
     mu_log: float = 0.0  # lognormal: ln of the median
     sigma: float = 0.0  # lognormal: sigma of ln(service time)
     samples: tuple[float, ...] = ()
+    in_order: bool = False  # samples with `order: arrival`: event i takes samples[i] (wrapping round)
 
     @property
     def rate(self) -> float:
@@ -188,6 +191,9 @@ class Service:
             return lambda: rng.lognormvariate(m, s)
         values = self.samples
         n = len(values)
+        if self.in_order:
+            following = itertools.cycle(values)
+            return lambda: next(following)
         return lambda: values[int(rng.random() * n)]
 
 
@@ -219,5 +225,6 @@ def parse_service(f: Fields, base_dir: Path | None) -> Service:
             raise ScenarioError(f"{f.name('file')}: service times must be > 0")
     else:
         values = number_list(f.raw("values_s"), f.name("values_s"), positive=True)
+    in_order = f.choice("order", ("random", "arrival"), "random") == "arrival"
     f.done()
-    return Service(kind, sum(values) / len(values), samples=tuple(values))
+    return Service(kind, sum(values) / len(values), samples=tuple(values), in_order=in_order)
