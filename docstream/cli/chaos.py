@@ -214,9 +214,12 @@ def catchup(
         console.print(
             f"one OCR replica {report.service_rate_per_replica}/s; traffic {report.arrival_rate}/s;"
             f" stopped {report.stop_s:.0f} s: backlog {report.backlog}\n"
-            f"autoscaler 1..{report.max_replicas} ({report.cores} cores): {report.max_replicas} replicas"
+            f"{report.max_replicas} replicas at once: members {report.start_s} s after their start, each at"
+            f" {report.efficiency} of one alone ({report.cores} cores)\n"
+            f"autoscaler 1..{report.max_replicas}: {report.max_replicas} replicas"
             f" after {report.ramp_s} s; drained in {report.drain_s} s,"
-            f" predicted {report.predicted_drain_s} s ({report.plan_command})\n"
+            f" predicted {report.predicted_drain_s} s ({report.plan_command});"
+            f" {report.predicted_linear_s} s without the ramp and the efficiency\n"
             f"OCR completed {report.completed} of {report.published} published\n"
             + ("[green]held[/green]" if report.held else "[red]did not hold[/red]"),
             markup=True,

@@ -45,3 +45,16 @@ def test_prediction_is_the_planners() -> None:
 def test_config_refuses_what_cannot_be_a_catch_up(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         CatchUpConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_prediction_with_the_measured_ramp_and_efficiency() -> None:
+    # The first drill's numbers (docs/chaos.md): B = 334, λ = 0.1857, μ = 0.371, 2 replicas. Each
+    # replica at 0.85 of one alone and 7.4 s before both serve: ramp + (B + λ ramp) / (cμE - λ).
+    linear, _ = predicted_drain(0.1857, 0.371, 334, 2, 30)
+    seconds, command = predicted_drain(0.1857, 0.371, 334, 2, 30, ramp_s=7.4, efficiency=0.85)
+    assert linear == pytest.approx(334 / (2 * 0.371 - 0.1857))
+    assert seconds == pytest.approx(7.4 + (334 + 0.1857 * 7.4) / (2 * 0.371 * 0.85 - 0.1857))
+    assert 750 < seconds < 770  # the drill drained in 759 s; the linear plan said 600
+    assert command.endswith("--objective 30 --ramp 7.4 --efficiency 0.85")
+    never, _ = predicted_drain(0.3, 0.3, 270, 2, 30, efficiency=0.5)  # cμE = λ: never drains
+    assert never is None

@@ -15,8 +15,19 @@ analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX thre
    scaling settings otherwise), started from scratch; the group has drained when its lag first
    falls back to the largest lag of the warm-up;
 5. the prediction: `plan` (consumers.lag.plan) with λ as published (documents /
-   seconds), S = 1/μ, `max_replicas` and the backlog at the restart (the group's lag then):
-   B / (cμ - λ).
+   seconds), S = 1/μ, `max_replicas` and the backlog at the restart (the group's lag then),
+   with the two figures the second probe measured before the stop: the ramp (`max_replicas`
+   replicas started from none until all are members of the group) and the efficiency (what
+   `max_replicas` replicas at once complete, over `max_replicas` x μ: replicas that share the
+   machine's cores, and the other groups', do not add μ each): ramp + (B + λ·ramp) / (cμE - λ).
+   The plan without them (B / (cμ - λ), what the drill compared against before) is reported
+   beside it.
+
+The second probe, between 1. and 2.: OCR's one process is stopped, `max_replicas` are started at
+once (the first as the pipeline's `ocr`, the others as `ocr-2` ...), timed until the group has
+them all as members (`start_s`), then 2 documents per replica warm them and a burst of `probe`
+per replica is timed like the first probe; the extra processes are then stopped. The probes are
+consumers/ops/chaos/catchup_probes.py.
 
 Reported: μ, λ, the backlog, the replicas the group had over time (its members), the ramp (the
 restart to `max_replicas` members), the drain measured against the prediction, and that every
@@ -49,19 +60,23 @@ from consumers.lag.model import scaling_config
 from consumers.lag.monitor import LagMonitor
 from consumers.lag.plan import PlanInputs, plan
 from consumers.ops.autoscaler import Autoscaler
-from consumers.ops.chaos.checker import query
+from consumers.ops.chaos.catchup_probes import (
+    OCR,
+    TENANT,
+    await_completed,
+    scanned_of,
+    service_rate,
+    shared_rate,
+)
 from consumers.ops.chaos.harness import prepare_run, started_cluster
 from consumers.ops.chaos.pipeline import Pipeline, process_environment
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup, worker_command
 from docstream.principals import API, OPS
 from docstream.settings import Settings
 from docstream.topology import ANALYTICS, STAGE_NAMES, group_id
-from producers.documents import scanned_pdf
 from producers.publisher import Publisher
 
-TENANT = "acme"
 SAMPLE_EVERY_S = 2.0
-OCR = "ocr"
 log = logging.getLogger(__name__)
 
 
@@ -98,7 +113,10 @@ class CatchUpReport:
     max_replicas: int
     ramp_s: float | None  # the restart to max_replicas members (None: never reached)
     drain_s: float | None  # the restart to the lag back at the warm-up's largest (None: timed out)
-    predicted_drain_s: float | None  # plan's B / (cμ - λ) (None: cμ ≤ λ)
+    start_s: float  # the second probe: max_replicas started from none until all are members
+    efficiency: float  # the second probe: max_replicas' documents/s over max_replicas x μ (<= 1)
+    predicted_drain_s: float | None  # plan with the ramp and the efficiency (None: cμE ≤ λ)
+    predicted_linear_s: float | None  # plan's B / (cμ - λ), without them (None: cμ ≤ λ)
     plan_command: str  # the same numbers for `docstream plan`
     published: int
     completed: int  # documents published that OCR completed
@@ -133,7 +151,14 @@ def first_at(samples: list[tuple[float, int]], since: float, at_least: int) -> f
 
 
 def predicted_drain(
-    arrival_rate: float, service_rate: float, backlog: int, replicas: int, objective_s: float
+    arrival_rate: float,
+    service_rate: float,
+    backlog: int,
+    replicas: int,
+    objective_s: float,
+    *,
+    ramp_s: float = 0.0,
+    efficiency: float = 1.0,
 ) -> tuple[float | None, str]:
     """`plan`'s catch-up for these numbers (None when it never drains), and the command line."""
     inputs = PlanInputs(
@@ -142,11 +167,15 @@ def predicted_drain(
         objective_s=objective_s,
         replicas=replicas,
         backlog=float(backlog),
+        ramp_s=ramp_s,
+        efficiency=efficiency,
     )
     seconds = plan(inputs).catch_up_s
     command = (
         f"docstream plan --arrival-rate {arrival_rate:.4g} --service-time {1.0 / service_rate:.4g}"
         f" --replicas {replicas} --backlog {backlog} --objective {objective_s:g}"
+        + (f" --ramp {ramp_s:.3g}" if ramp_s else "")
+        + (f" --efficiency {efficiency:.3g}" if efficiency < 1 else "")
     )
     return (None if seconds is None or math.isinf(seconds) else seconds), command
 
@@ -173,7 +202,10 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
             run.env, folder / "logs", names=(*STAGE_NAMES, "sink", ANALYTICS), credentials=run.credentials
         )
         pipeline.start_all()
-        mu = _service_rate(settings, config.probe, say)
+        mu = service_rate(settings, config.probe, say)
+        start_s, efficiency = shared_rate(
+            pipeline, settings, reader, config.max_replicas, config.probe, mu, say
+        )
         rate = config.utilisation * mu
         say(f"catch-up: one OCR replica does {mu:.3f} documents/s; traffic {rate:.3f}/s from now on")
 
@@ -214,12 +246,19 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
         elapsed = time.monotonic() - began
         arrival_rate = len(published) / max(1e-9, elapsed)
         say(f"catch-up: drained after {_secs(drained, restart)}; waiting for every document in OCR")
-        completed = _await_completed(settings, set(published), timeout=600)
+        completed = await_completed(settings, set(published), timeout=600)
         stop_sampling.set()
         ramp = first_at([(t, m) for t, _, m in list(samples)], restart, config.max_replicas)
         predicted, command = predicted_drain(
-            arrival_rate, mu, backlog, config.max_replicas, config.objective_s
+            arrival_rate,
+            mu,
+            backlog,
+            config.max_replicas,
+            config.objective_s,
+            ramp_s=start_s,
+            efficiency=efficiency,
         )
+        linear, _ = predicted_drain(arrival_rate, mu, backlog, config.max_replicas, config.objective_s)
         report = CatchUpReport(
             service_rate_per_replica=round(mu, 4),
             arrival_rate=round(arrival_rate, 4),
@@ -228,7 +267,10 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
             max_replicas=config.max_replicas,
             ramp_s=None if ramp is None else round(ramp - restart, 1),
             drain_s=None if drained is None else round(drained - restart, 1),
+            start_s=round(start_s, 1),
+            efficiency=round(efficiency, 3),
             predicted_drain_s=None if predicted is None else round(predicted, 1),
+            predicted_linear_s=None if linear is None else round(linear, 1),
             plan_command=command,
             published=len(published),
             completed=completed,
@@ -249,41 +291,6 @@ def run_catch_up(work: Path, config: CatchUpConfig, say: Callable[[str], None] =
 
 def _secs(at: float | None, since: float) -> str:
     return "never" if at is None else f"{at - since:.0f} s"
-
-
-def scanned_of(name: str, i: int) -> bytes:
-    """A one-page scanned document of its own (the content differs, so OCR reads every one)."""
-    return scanned_pdf([f"Catch-up {name} {i}: invoice {i * 7 + 3} EUR, due in {i % 30} days."], seed=i)
-
-
-def _service_rate(settings: Settings, probe: int, say: Callable[[str], None]) -> float:
-    """One OCR replica's documents per second: a burst of `probe`, timed to OCR's last completion.
-    One document first, waited for, so that the model load is not in the timing."""
-    _publish(settings, ["warm-0"], [scanned_of("warm", 0)])
-    if _await_completed(settings, {"warm-0"}, timeout=300) != 1:
-        raise RuntimeError("OCR did not complete the first document within 300 s")
-    ids = [f"probe-{i}" for i in range(probe)]
-    started = time.time()
-    _publish(settings, ids, [scanned_of("probe", i) for i in range(probe)])
-    if _await_completed(settings, set(ids), timeout=1200) != probe:
-        raise RuntimeError(f"OCR did not complete the {probe} probe documents within 1200 s")
-    [(last,)] = query(
-        settings.warehouse_url,
-        "SELECT toUnixTimestamp64Milli(max(completed_at)) / 1000.0 FROM docstream.stage_results FINAL"
-        " WHERE stage = 'ocr' AND tenant = %(t)s AND startsWith(document_id, 'probe-')",
-        {"t": TENANT},
-    )
-    seconds = float(last) - started
-    say(f"service rate probe: {probe} documents through one OCR replica in {seconds:.1f} s")
-    return probe / seconds
-
-
-def _publish(settings: Settings, ids: list[str], contents: list[bytes]) -> None:
-    with Publisher.from_settings(settings) as publisher:
-        for document_id, content in zip(ids, contents, strict=True):
-            publisher.publish_document(
-                content, tenant=TENANT, content_type="application/pdf", document_id=document_id
-            )
 
 
 def _traffic(settings: Settings, rate: float, published: list[str], stop: threading.Event) -> None:
@@ -338,23 +345,3 @@ def _autoscale(
             decision_log=logs / "autoscaler.jsonl",
         )
         autoscaler.run(stop)
-
-
-def _await_completed(settings: Settings, ids: set[str], timeout: float) -> int:
-    """Until OCR has completed every one of `ids` (or `timeout`): how many it has."""
-    deadline = time.monotonic() + timeout
-    done: set[str] = set()
-    while True:
-        try:
-            rows = query(
-                settings.warehouse_url,
-                "SELECT DISTINCT document_id FROM docstream.stage_results FINAL"
-                " WHERE stage = 'ocr' AND tenant = %(t)s",
-                {"t": TENANT},
-            )
-            done = {str(d) for (d,) in rows} & ids
-        except Exception as exc:  # the sink's query server busy: ask again
-            log.debug("catch-up: the warehouse did not answer: %s", exc)
-        if len(done) == len(ids) or time.monotonic() > deadline:
-            return len(done)
-        time.sleep(2)
