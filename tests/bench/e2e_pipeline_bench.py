@@ -301,9 +301,14 @@ def measure(
         bare = [bare_loop(documents, bare_settings)]
         run = pipeline_run(bootstrap, documents, Path(work) / "pipeline", py_spy)
         bare.append(bare_loop(documents, bare_settings))
+    return row(count, bare, run, len(os.sched_getaffinity(0)))
+
+
+def row(count: int, bare: list[dict[str, Any]], run: dict[str, Any], cores: int) -> dict[str, Any]:
+    """The row's figures from the baseline's rounds (`bare_loop`) and the pipeline's run
+    (`pipeline_run`) of `count` documents on `cores` cores."""
     bare_s = statistics.fmean(b["seconds"] for b in bare)
     raw_eps, ours_eps = count / bare_s, count / run["seconds"]
-    cores = len(os.sched_getaffinity(0))
     table = cpu_table(run, count)
     cpu_ms = sum(v for per in table.values() for v in per.values())
     bare_cpu_ms = 1000 * statistics.fmean(b["cpu_seconds"] for b in bare) / count
@@ -373,12 +378,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--profile needs py-spy: --py-spy PATH (pip download py-spy; unzip the wheel)")
         py_spy = found
     with _bootstrap() as bootstrap:
-        row = measure(bootstrap, args.documents, py_spy, args.keep)
+        result = measure(bootstrap, args.documents, py_spy, args.keep)
     if args.json_out:
-        args.json_out.write_text(json.dumps(row, indent=2) + "\n")
-    sys.stdout.write(json.dumps(row, indent=2) + "\n\n")
-    table = row["cpu_by_process_ms_per_doc"]
-    sys.stdout.write(cpu.markdown(table, STAGE_NAMES, row["wall_ms_per_doc_x_cores"]) + "\n")
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.write(json.dumps(result, indent=2) + "\n\n")
+    table = result["cpu_by_process_ms_per_doc"]
+    sys.stdout.write(cpu.markdown(table, STAGE_NAMES, result["wall_ms_per_doc_x_cores"]) + "\n")
     return 0
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 import pytest
 
 from tests.bench import cpu_attribution as cpu
-from tests.bench.e2e_pipeline_bench import MIX, cpu_table, mix
+from tests.bench.__main__ import _with_target
+from tests.bench.e2e_pipeline_bench import MIX, cpu_table, mix, row
 
 TICK = 1 / cpu.CLOCK_TICKS
 
@@ -159,3 +161,36 @@ def test_listening_pid_finds_the_process_that_listens() -> None:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # bound, never listening
         assert cpu.listening_pid(port) is None
+
+
+def _bare(seconds: float, cpu_seconds: float) -> dict[str, Any]:
+    per_stage = {"ocr": 0.1 * seconds, "embeddings": 0.4 * seconds, "thumbnails": 0.5 * seconds}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "stage_seconds": per_stage,
+        "stage_cpu_seconds": per_stage,
+    }
+
+
+def test_the_row_compares_documents_per_second_and_cpu_per_document() -> None:
+    run = {
+        "seconds": 20.0,
+        "published_s": 2.0,
+        "rollups": True,
+        "rollups_after_s": 30.0,
+        "classes": {"ocr": {"kafka": 1.0, "native": 0.0, "python": 3.0}, "broker": {"python": 8.0}},
+        "shares": {},
+        "idle_cpu": {"ocr": 0.01, "broker": 0.1},
+        "samples": {},
+    }
+    # 100 documents: the baseline's rounds 30 s and 10 s (mean 20 s: 5/s), the pipeline 20 s (5/s)
+    out = row(100, [_bare(30.0, 6.0), _bare(10.0, 6.0)], run, cores=2)
+    assert (out["raw_eps"], out["ours_eps"], out["ratio"]) == (5.0, 5.0, 1.0)
+    assert out["ratio_vs_best_bare"] == 0.5  # against the 10 s round alone
+    assert out["cpu_ms_per_doc"] == 120.0 and out["bare_cpu_ms_per_doc"] == 60.0 and out["cpu_ratio"] == 0.5
+    assert out["wall_ms_per_doc_x_cores"] == 400.0  # 20 s / 100 documents x 2 cores
+    assert out["bare_stage_ms_per_doc"] == {"ocr": 2.0, "embeddings": 8.0, "thumbnails": 10.0}
+    assert out["incomplete"] == 0 and _with_target(out)["met"] is True
+    # rollups that did not count every document: the row is not met, whatever its ratio
+    assert _with_target(row(100, [_bare(10.0, 6.0)], {**run, "rollups": False}, 2))["met"] is False
