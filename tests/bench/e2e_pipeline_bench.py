@@ -244,6 +244,9 @@ def pipeline_run(
             done, through = _through(settings, len(documents))
         seconds = time.perf_counter() - started
         after = {name: cpu.cpu_snapshot(pid) for name, pid in pids.items() if pid}
+        # py-spy's own CPU (its processes started just before the span): the measurement's, not
+        # the pipeline's; it competes with the pipeline for the cores
+        spy_s = sum(cpu.cpu_snapshot(spy.pid).total for spy in spies.values())
         for spy in spies.values():
             spy.send_signal(signal.SIGINT)
         for spy in spies.values():
@@ -272,6 +275,7 @@ def pipeline_run(
         "classes": classes,
         "shares": {name: cpu.shares(KIND_OF[name], s) for name, s in stacks.items()},
         "samples": {name: sum(s.values()) for name, s in stacks.items()},
+        "py_spy_s": spy_s if py_spy else 0.0,
     }
 
 
@@ -347,6 +351,7 @@ def row(count: int, bare: list[dict[str, Any]], run: dict[str, Any], cores: int)
         },
         "idle_cpu_per_s": {name: round(v, 3) for name, v in run["idle_cpu"].items()},
         "samples": run["samples"],
+        "py_spy_cpu_ms_per_doc": round(1000 * run.get("py_spy_s", 0.0) / count, 1),  # not in the sum
     }
 
 
@@ -384,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(json.dumps(result, indent=2) + "\n\n")
     table = result["cpu_by_process_ms_per_doc"]
     sys.stdout.write(cpu.markdown(table, STAGE_NAMES, result["wall_ms_per_doc_x_cores"]) + "\n")
+    if py_spy:
+        sys.stdout.write(
+            f"\npy-spy's own CPU (not in the sum): {result['py_spy_cpu_ms_per_doc']} ms / document\n"
+        )
     return 0
 
 
