@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -371,17 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     py_spy = None
     if args.profile:
-        found = args.py_spy or next(
-            (
-                Path(p) / "py-spy"
-                for p in os.environ.get("PATH", "").split(os.pathsep)
-                if (Path(p) / "py-spy").exists()
-            ),
-            None,
-        )
+        found = args.py_spy or shutil.which("py-spy")
         if found is None:
             parser.error("--profile needs py-spy: --py-spy PATH (pip download py-spy; unzip the wheel)")
-        py_spy = found
+        py_spy = Path(found)
     with _bootstrap() as bootstrap:
         result = measure(bootstrap, args.documents, py_spy, args.keep)
     if args.json_out:
