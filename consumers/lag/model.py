@@ -37,9 +37,11 @@ DEFAULT_RATE_WINDOW_S = 60.0
 """Rates are measured over the samples of the last minute (at least two samples)."""
 
 
-def scaling_config(settings: ScalingSettings) -> ScalingConfig:
-    """The `ScalingConfig` of the settings' `scaling` section."""
-    return ScalingConfig(**settings.model_dump())
+def scaling_config(settings: ScalingSettings, *, commit_interval_ms: int = 0) -> ScalingConfig:
+    """The `ScalingConfig` of the settings' `scaling` section. `commit_interval_ms`: the groups'
+    (`runtime.commit_interval_ms`): committed offsets read up to that much older than the work
+    left, which the policy discounts (`ScalingConfig.measurement_lag_s`)."""
+    return ScalingConfig(**settings.model_dump(), measurement_lag_s=commit_interval_ms / 1000)
 
 
 class _PartitionState:

@@ -96,7 +96,10 @@ class LagMonitor:
     ) -> LagMonitor:
         """A monitor of `groups` (short names or group ids; default: the declared groups)."""
         targets = resolve_targets(groups, settings.group_prefix) if groups else None
-        kwargs.setdefault("scaling", scaling_config(settings.scaling))
+        kwargs.setdefault(
+            "scaling",
+            scaling_config(settings.scaling, commit_interval_ms=settings.runtime.commit_interval_ms),
+        )
         return cls(connection_config(settings), targets, prefix=settings.group_prefix, **kwargs)
 
     def __enter__(self) -> LagMonitor:

@@ -138,7 +138,9 @@ class ApiService:
                 targets=tuple(resolve_targets(list(groups.values()), settings.group_prefix)),
                 topic=DOC_UPLOADED,
                 groups=tuple(groups.values()),
-                scaling=scaling_config(settings.scaling),
+                scaling=scaling_config(
+                    settings.scaling, commit_interval_ms=settings.runtime.commit_interval_ms
+                ),
                 prefix=settings.group_prefix,
                 request_timeout_s=5.0,
                 rate_window_s=api.rate_window_s,

@@ -149,7 +149,9 @@ def _autoscale_config(s: Settings, min_replicas: int | None, max_replicas: int |
         "max_replicas": s.scaling.max_replicas if max_replicas is None else max_replicas,
     }
     try:
-        return dataclasses.replace(scaling_config(s.scaling), **bounds)
+        return dataclasses.replace(
+            scaling_config(s.scaling, commit_interval_ms=s.runtime.commit_interval_ms), **bounds
+        )
     except ValueError as exc:
         raise ConfigurationError(f"--autoscale: {exc}") from exc
 

@@ -54,7 +54,7 @@ def test_prediction_with_the_measured_ramp_and_efficiency() -> None:
     seconds, command = predicted_drain(0.1857, 0.371, 334, 2, 30, ramp_s=7.4, efficiency=0.85)
     assert linear == pytest.approx(334 / (2 * 0.371 - 0.1857))
     assert seconds == pytest.approx(7.4 + (334 + 0.1857 * 7.4) / (2 * 0.371 * 0.85 - 0.1857))
-    assert 750 < seconds < 770  # the drill drained in 759 s; the linear plan said 600
+    assert seconds is not None and 750 < seconds < 770  # the drill drained in 759 s; the linear plan said 600
     assert command.endswith("--objective 30 --ramp 7.4 --efficiency 0.85")
     never, _ = predicted_drain(0.3, 0.3, 270, 2, 30, efficiency=0.5)  # cμE = λ: never drains
     assert never is None

@@ -334,7 +334,11 @@ def _autoscale(
     settings: Settings, env: dict[str, str], logs: Path, config: CatchUpConfig, stop: threading.Event
 ) -> None:
     """The local autoscaler for the OCR group alone, until `stop` (then its children stop)."""
-    scaling = replace(scaling_config(settings.scaling), min_replicas=1, max_replicas=config.max_replicas)
+    scaling = replace(
+        scaling_config(settings.scaling, commit_interval_ms=settings.runtime.commit_interval_ms),
+        min_replicas=1,
+        max_replicas=config.max_replicas,
+    )
     group = ScaledGroup(OCR, group_id(OCR, settings.group_prefix), worker_command(OCR))
     with LagMonitor.from_settings(settings, [OCR], scaling=None, request_timeout_s=5.0) as monitor:
         autoscaler = Autoscaler(
