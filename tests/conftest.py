@@ -47,6 +47,8 @@ LONGEST_FIRST = (
     "test_worker_commands.py",
     "test_api_schema.py",
     "test_analytics_app.py",
+    "test_e2e_pipeline_bench.py",
+    "test_calibrate.py",
     "test_api_sigkill.py",
     "test_faust_compat.py",
     "test_publish_timeout.py",
