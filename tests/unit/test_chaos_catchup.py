@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from consumers.ops.chaos.catchup import CatchUpConfig, drained_at, first_at, predicted_drain
+from consumers.ops.chaos.catchup_probes import pace
 
 
 def test_drained_once_the_lag_was_above_and_came_back() -> None:
@@ -58,3 +59,13 @@ def test_prediction_with_the_measured_ramp_and_efficiency() -> None:
     assert command.endswith("--objective 30 --ramp 7.4 --efficiency 0.85")
     never, _ = predicted_drain(0.3, 0.3, 270, 2, 30, efficiency=0.5)  # cμE = λ: never drains
     assert never is None
+
+
+def test_the_shared_probe_is_paced_while_every_replica_has_work() -> None:
+    # Two replicas at 1/s each take 30 documents, 20 keyed to one and 10 to the other: together
+    # 2/s for 10 s, then the first alone at 1/s. The makespan (20 s) says 1.5/s; the pace says 2.
+    both = [t * 0.5 for t in range(1, 21)]  # 20 completions in the first 10 s
+    alone = [10.0 + t for t in range(1, 11)]  # then 10 more, one a second
+    assert pace(both + alone) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        pace([5.0])

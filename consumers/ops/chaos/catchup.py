@@ -26,7 +26,9 @@ analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX thre
 The second probe, between 1. and 2.: OCR's one process is stopped, `max_replicas` are started at
 once (the first as the pipeline's `ocr`, the others as `ocr-2` ...), timed until the group has
 them all as members (`start_s`), then 2 documents per replica warm them and a burst of `probe`
-per replica is timed like the first probe; the extra processes are then stopped. The probes are
+per replica is paced while every replica still has work (`catchup_probes.pace`: between a tenth
+and six tenths of its completions; its keys do not split evenly over the replicas' partitions, so
+its makespan would understate them); the extra processes are then stopped. The probes are
 consumers/ops/chaos/catchup_probes.py.
 
 Reported: μ, λ, the backlog, the replicas the group had over time (its members), the ramp (the
