@@ -61,11 +61,13 @@ def test_prediction_with_the_measured_ramp_and_efficiency() -> None:
     assert never is None
 
 
-def test_the_shared_probe_is_paced_while_every_replica_has_work() -> None:
-    # Two replicas at 1/s each take 30 documents, 20 keyed to one and 10 to the other: together
-    # 2/s for 10 s, then the first alone at 1/s. The makespan (20 s) says 1.5/s; the pace says 2.
-    both = [t * 0.5 for t in range(1, 21)]  # 20 completions in the first 10 s
-    alone = [10.0 + t for t in range(1, 11)]  # then 10 more, one a second
-    assert pace(both + alone) == pytest.approx(2.0)
-    with pytest.raises(ValueError):
-        pace([5.0])
+def test_a_burst_is_paced_from_its_first_completion_to_its_last() -> None:
+    # OCR completes in batches: the first bunch of 7 after 6 s of one batch's latency, then 7
+    # more every 6.1 s. From the first completion on: 14 documents in 12.2 s; the makespan from
+    # the publish (18.2 s for 21) would count the first batch's wait against the rate.
+    times = [6.0] * 7 + [12.1] * 7 + [18.2] * 7
+    assert pace(times) == pytest.approx(14 / 12.2)
+    assert pace([1.0, 1.02, 3.0]) == pytest.approx(1 / 2.0)  # 0.02 s apart: one bunch
+    for too_few in ([5.0], [5.0, 5.01]):
+        with pytest.raises(ValueError):
+            pace(too_few)

@@ -5,8 +5,9 @@ what `docstream plan` predicts for the same numbers.
 On a fresh local cluster, with the pipeline as processes (embeddings, thumbnails, the sink,
 analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX threads):
 
-1. service rate: a burst of `probe` one-page scanned documents; one OCR replica's μ = probe /
-   seconds from the burst to OCR's last completion (the warehouse's `completed_at`);
+1. service rate: a burst of `probe` one-page scanned documents; one OCR replica's μ = the
+   documents completed after the first over the seconds from OCR's first completion to its last
+   (the warehouse's `completed_at`; `catchup_probes.pace`);
 2. traffic: one scanned document every 1/λ s, λ = `utilisation` x μ (normal: one replica keeps
    up), from here to the end; `warmup_s` of it with OCR running;
 3. the stop: OCR's worker gets SIGTERM (it commits and leaves its group); `stop_s` more of
@@ -26,9 +27,9 @@ analytics, and OCR as one `docstream worker ocr` running `ocr_threads` ONNX thre
 The second probe, between 1. and 2.: OCR's one process is stopped, `max_replicas` are started at
 once (the first as the pipeline's `ocr`, the others as `ocr-2` ...), timed until the group has
 them all as members (`start_s`), then 2 documents per replica warm them and a burst of `probe`
-per replica is paced while every replica still has work (`catchup_probes.pace`: between a tenth
-and six tenths of its completions; its keys do not split evenly over the replicas' partitions, so
-its makespan would understate them); the extra processes are then stopped. The probes are
+per replica is paced like the first (`catchup_probes.pace`: from the burst's first completion to
+its last; OCR completes pages in batches, and the first batch's latency is paid once); the extra
+processes are then stopped. The probes are
 consumers/ops/chaos/catchup_probes.py.
 
 Reported: μ, λ, the backlog, the replicas the group had over time (its members), the ramp (the
