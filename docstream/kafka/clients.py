@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka.admin import AdminClient
 
@@ -105,3 +105,24 @@ def tls_reason(bootstrap: str, ca_location: str | None, timeout_s: float = 5.0) 
         return f" ({exc.verify_message})"
     except (OSError, ValueError):
         return ""
+
+
+def await_coordinator(source: Source, group_id: str, topic: str, timeout_s: float = 60.0) -> None:
+    """Until the group's coordinator answers a consumer's OffsetFetch for `topic` (raises the
+    last KafkaException after `timeout_s`). On a broker that has just started an AdminClient's
+    ListConsumerGroupOffsets can get NOT_COORDINATOR, and librdkafka 2.16 then dereferences the
+    admin client's missing consumer group and dies of SIGSEGV (confluentinc/librdkafka#5040); a
+    consumer's OffsetFetch goes through its own group handle and waits for the coordinator."""
+    waiting = consumer(source, **{"group.id": group_id, "enable.auto.commit": False})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                waiting.committed([TopicPartition(topic, 0)], timeout=10)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        waiting.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from consumers.lag.monitor import LagMonitor
 from consumers.lag.scaling import ScalingConfig
@@ -31,6 +31,7 @@ from consumers.lag.snapshot import GroupLag, LagSnapshot
 from consumers.lag.targets import GroupTarget
 from consumers.ops.autoscaler import Autoscaler, GroupStatus
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup
+from docstream.kafka import clients
 from docstream.kafka.config import connection_config
 from docstream.settings import Settings
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic
@@ -92,18 +93,10 @@ def _wait_for_the_coordinator(conf: dict[str, Any], group_id: str, topic: str) -
     client's missing consumer group and the process dies of SIGSEGV (confluentinc/librdkafka#5040).
     A consumer's OffsetFetch goes through its own group handle and waits for the coordinator.
     """
-    consumer = Consumer({**conf, "group.id": group_id, "enable.auto.commit": False})
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                consumer.committed([TopicPartition(topic, 0)], timeout=10)
-                return
-            except KafkaException:
-                assert time.monotonic() < deadline, "the group coordinator did not answer within 60 s"
-                time.sleep(0.5)
-    finally:
-        consumer.close()
+        clients.await_coordinator(conf, group_id, topic, timeout_s=60)
+    except KafkaException:
+        raise AssertionError("the group coordinator did not answer within 60 s") from None
 
 
 @pytest.fixture(scope="module")

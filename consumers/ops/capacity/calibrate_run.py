@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from consumers.lag.monitor import LagMonitor
 from consumers.lag.snapshot import LagSnapshot
@@ -48,6 +48,7 @@ from consumers.ops.capacity.calibrate_record import milestones as milestones_of
 from consumers.ops.capacity.calibrate_stage import event_key
 from consumers.ops.launcher import ProcessLauncher, ScaledGroup
 from docstream.errors import DocstreamError
+from docstream.kafka import clients
 from docstream.topology import TopicSpec, dead_letter_topic, retry_topic
 from infra.topics import delete_topics, ensure_topics
 
@@ -70,24 +71,6 @@ class _Launches:
         child = self.launcher(group)
         self.at[child.pid] = launched
         return child
-
-
-def _await_coordinator(conf: dict[str, Any], group_id: str, topic: str) -> None:
-    """Until the group's coordinator answers a consumer's OffsetFetch (before the first lag read:
-    an AdminClient asking a coordinator still loading gets NOT_COORDINATOR)."""
-    consumer = Consumer({**conf, "group.id": group_id, "enable.auto.commit": False})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                consumer.committed([TopicPartition(topic, 0)], timeout=10)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        consumer.close()
 
 
 def _publish(
@@ -128,7 +111,7 @@ def run_real(
     for path in (milestones, decisions):
         path.unlink(missing_ok=True)
     try:
-        _await_coordinator(conf, group_id, topic)
+        clients.await_coordinator(conf, group_id, topic)
         command = (
             sys.executable,
             "-m",
