@@ -82,6 +82,7 @@ from consumers.analytics.credentials import faust_credentials
 from consumers.analytics.dead_letters import DeadLetterSender
 from consumers.analytics.events import Completion, Event, Upload, completion_from_record, upload_from_record
 from consumers.analytics.faust_flush import drain_table_writes_on_flush
+from consumers.analytics.faust_seek import seek_uncommitted_to_start
 from consumers.analytics.readback import Positions, Record, acknowledge_read_back
 from consumers.analytics.rollups import Rollup
 from consumers.analytics.windows import DEFAULT_LATENESS_MS, DEFAULT_WINDOW_SIZES_MS, WindowFold
@@ -185,6 +186,7 @@ def make_app(
     datadir = datadir or os.path.join(tempfile.gettempdir(), f"{app_id}-data")
     os.makedirs(os.path.dirname(os.path.abspath(datadir)), exist_ok=True)  # faust makes the last level only
     drain_table_writes_on_flush()
+    seek_uncommitted_to_start()
     app = faust.App(
         app_id,
         broker=";".join(f"kafka://{server.strip()}" for server in bootstrap.split(",") if server.strip()),
