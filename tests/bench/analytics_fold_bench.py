@@ -1,6 +1,6 @@
 """The analytics fold's throughput on a real broker: events/s of the faust agent over one backlog.
 
-    python tests/integration/analytics_fold_bench.py [--docs 3000] [--before <git rev>] [--profile DIR]
+    python -m tests.bench.analytics_fold_bench [--docs 3000] [--before <git rev>] [--profile DIR]
 
 Starts a local Kafka broker (infra.broker, free ports), creates the analytics source topics with
 the declared partition count (12), and pre-produces a backlog shaped like the pipeline's: `--docs`
