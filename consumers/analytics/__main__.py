@@ -45,6 +45,7 @@ def main() -> None:
         dead_letters=dead_letter_topic(group_id(ANALYTICS, settings.group_prefix)),
         idle_ms=settings.analytics.idle_ms,
         session_timeout_s=settings.runtime.session_timeout_ms / 1000,  # as every group's members
+        commit_interval_s=settings.runtime.commit_interval_ms / 1000,  # as every group commits
         datadir=str(settings.home / "analytics"),
         # its changelog topics replicated as docstream's own (one per broker up to 3, or the setting)
         replication_factor=cluster_replication(connection, settings.replication_factor).factor,

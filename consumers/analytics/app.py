@@ -48,17 +48,32 @@ with a window due or with recovered entries to re-fold. `fold` treats a tick lik
 it is in p's ordered stream, and a replayed tick closes the same windows. `idle_ms=None` keeps
 event time only.
 
-Per event, in this order:
+Per batch (faust's `noack_take`: up to `batch_max` records, or what came within
+`batch_within_s`), in this order:
 
-    1. fold the event and write it (and p's new watermark) to the table;
-    2. produce each due rollup and wait for the broker's ack;
+    1. fold each record of the batch (the records faust skipped before it first) and write it
+       to the table;
+    2. for each partition the batch touched: write p's watermark, send each due rollup (a
+       window amended by many records of the batch goes out once, at its last revision); then
+       wait for the broker's ack of every rollup of the batch, together;
     3. delete the table entries of events no kept window needs;
-    4. faust flushes 1. and 3. and commits the offsets, on its commit interval.
+    4. ack the batch's records; faust flushes 1. and 3. and commits the acked offsets, on its
+       commit interval.
+
+So a record is committed only after its fold is in the table and the rollups it made due are
+acknowledged. Not faust's `take`: it acks a batch in a `finally`, so an exception in the middle
+of a batch would ack records never folded, and the worker's stop commits what is acked. Until
+batching (issue 26) this ran per event, each rollup's ack awaited on its own: 0.0085x a raw
+loop's pace, and the group furthest behind under overload (docs/notes-faust.md, "Throughput").
 
 This module wires the app (`make_app`: the table, the agent, the idle timer); its parts live
 beside it: the fold and its events and rollups (`windows`, `events`, `rollups`), the read-back of
 records faust skipped (`readback`: `Positions`, `Record`), the dead-letter sender (`dead_letters`),
 the idle clock and its ticks (`clock`), and the patch to faust's flush (`faust_flush`).
+
+Why one module: what is left here is the agent's steps, and they share the app's state (the
+table, the folds per partition, the read-back positions, the counters) as closures of
+`make_app`, the way faust binds an agent to its app; split, each step would take all of it.
 """
 
 from __future__ import annotations
@@ -69,7 +84,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +127,9 @@ DECLARED_TOPICS = {  # role -> the declared topic
 WATERMARK_KEY = "__watermark__"
 DEFAULT_GRACE_MS = 10_000
 DEFAULT_IDLE_MS = 2_000
+DEFAULT_BATCH_MAX = 500
+DEFAULT_BATCH_WITHIN_S = 0.1
+DEFAULT_PRODUCER_LINGER_S = 0.005
 
 
 def rollup_key(rollup: Rollup) -> str:
@@ -126,6 +145,15 @@ def compact_event(event: Event) -> dict[str, Any]:
 def event_from_compact(data: Mapping[str, Any]) -> Event:
     fields = {name: value for name, value in data.items() if name != "kind"}
     return Upload(**fields) if data["kind"] == "Upload" else Completion(**fields)
+
+
+def as_current(event: Any) -> None:
+    """Make `event` faust's current event in this task: a table write goes to the changelog
+    partition of the current event, and faust's take sets none for the events of a batch. Only the
+    context variable: the stream's `current_event` attribute belongs to its buffering task."""
+    from faust.streams import _current_event  # faust-internal
+
+    _current_event.set(weakref.ref(event))
 
 
 def checked_event(
@@ -166,6 +194,9 @@ def make_app(
     idle_ms: int | None = DEFAULT_IDLE_MS,
     datadir: str | None = None,
     replication_factor: int = 1,
+    batch_max: int = DEFAULT_BATCH_MAX,
+    batch_within_s: float = DEFAULT_BATCH_WITHIN_S,
+    producer_linger_s: float = DEFAULT_PRODUCER_LINGER_S,
 ) -> faust.App:
     """The analytics faust app.
 
@@ -176,6 +207,10 @@ def make_app(
     `dead_letters`: where undecodable or invalid events go (default `<app id>.dlq`).
     `datadir`: faust's working directory (default: `<tmp>/<app id>-data`, not the current one).
     `replication_factor`: of the topics faust creates (its tables' changelogs).
+    `batch_max`, `batch_within_s`: the agent folds up to `batch_max` records at a time, or what came
+    within `batch_within_s` (see "Per batch" in the module docstring).
+    `producer_linger_s`: how long faust's producer lets records gather into one request (the table
+    writes and the rollups of a batch).
     `connection`: the librdkafka settings every docstream client uses (docstream.kafka.config's
     `connection_config`: `bootstrap.servers`, one host:port or a comma-separated list, and the
     security settings); faust gets them as its broker URL and `broker_credentials`
@@ -205,6 +240,7 @@ def make_app(
         broker_session_timeout=session_timeout_s,
         broker_heartbeat_interval=min(3.0, session_timeout_s / 3),
         broker_commit_interval=commit_interval_s,
+        producer_linger=producer_linger_s,
     )
     by_topic = {topics[role]: event_type for role, event_type in EVENT_TYPES.items()}
     clock_topic = topics["clock"]
@@ -266,8 +302,10 @@ def make_app(
     async def look_up_starts(*args: Any, **__: Any) -> None:  # (the app, the assigned TPs)
         await positions.assigned((tp.topic, tp.partition) for tp in args[1] if tp.topic in by_topic)
 
-    async def handle(record: Record) -> None:
-        """One source record: folded (or dead-lettered), then 2. and 3. of the module docstring."""
+    async def fold_record(record: Record) -> None:
+        """1. of the module docstring for one source record: folded and written to the table (or
+        dead-lettered). faust's current event must be one of the record's partition: a table write
+        goes to the changelog partition of the current event."""
         p, where = record.partition, f"{record.topic}[{record.partition}]@{record.offset}"
         state = fold_of(p)
         if record.topic == clock_topic:
@@ -276,65 +314,81 @@ def make_app(
                 return
             clock.tick_pending.discard(p)
             state.advance(tick)
-        else:
-            clock.touch()
-            try:
-                decoded = codec.decode(by_topic[record.topic], record.value or b"", coordinates=where)
-                folded = checked_event(by_topic[record.topic], decoded, limits, record.timestamp_ms)
-            except (DocstreamError, KeyError, ValueError, TypeError) as exc:
-                counters.dead_lettered += 1  # counts nowhere; its reason goes to the dead letters
-                logger.error("dead-lettering %s: %s", where, exc)
-                await asyncio.get_running_loop().run_in_executor(None, dlq.send, record, exc)
-                return
-            late_before = sum(state.late.values())
-            if state.add(folded):  # 1.
-                open_events[f"{p}/{folded.key}"] = compact_event(folded)
-            elif sum(state.late.values()) > late_before:
-                counters.late += 1
-                logger.warning(
-                    "event %s in partition %d is later than the kept windows (watermark %s, lateness %d ms):"
-                    " not counted",
-                    folded.key,
-                    p,
-                    state.watermark_ms,
-                    lateness_ms,
-                )
-            else:
-                counters.duplicates += 1
-            state.advance(folded.time_ms)
-        due = state.due()
-        expired = state.expired()
-        if due or expired:
-            open_events[f"{p}/{WATERMARK_KEY}"] = state.watermark_ms
-        for rollup in due:  # 2.
-            key_text = f"{rollup_key(rollup)}:{p}"
-            value = {**rollup.to_dict(), "partition": p, "key": key_text}
-            delivered = await rollups_out.send(key=key_text.encode(), value=value)
-            await delivered
-            counters.produced += 1
-        for done in expired:  # 3.
-            del open_events[f"{p}/{done}"]
-        if due:
-            logger.info(
-                "partition %d: %d rollups due at watermark %s (%s)",
+            return
+        clock.touch()
+        try:
+            decoded = codec.decode(by_topic[record.topic], record.value or b"", coordinates=where)
+            folded = checked_event(by_topic[record.topic], decoded, limits, record.timestamp_ms)
+        except (DocstreamError, KeyError, ValueError, TypeError) as exc:
+            counters.dead_lettered += 1  # counts nowhere; its reason goes to the dead letters
+            logger.error("dead-lettering %s: %s", where, exc)
+            await asyncio.get_running_loop().run_in_executor(None, dlq.send, record, exc)
+            return
+        late_before = sum(state.late.values())
+        if state.add(folded):
+            open_events[f"{p}/{folded.key}"] = compact_event(folded)
+        elif sum(state.late.values()) > late_before:
+            counters.late += 1
+            logger.warning(
+                "event %s in partition %d is later than the kept windows (watermark %s, lateness %d ms):"
+                " not counted",
+                folded.key,
                 p,
-                len(due),
                 state.watermark_ms,
-                ", ".join(f"{rollup_key(r)} r{r.revision}: {r.documents} docs, {r.pages} pages" for r in due),
+                lateness_ms,
             )
+        else:
+            counters.duplicates += 1
+        state.advance(folded.time_ms)
 
-    # A crash of the agent (a bug, or a changelog with the wrong partition count) ends the worker,
-    # which its supervisor (docstream up / demo, Kubernetes) reports, instead of faust's default
-    # of restarting the agent in a loop inside a process that looks alive.
-    @app.agent(sources, supervisor_strategy=mode.CrashingSupervisor)
-    async def fold(stream: Any) -> None:
-        async for event in stream.events():
+    async def emit_due(last_of: Mapping[int, Any]) -> None:
+        """2. and 3. of the module docstring, once per batch: the due rollups of every partition the
+        batch touched (`last_of`: partition -> its last event in the batch) are sent together and
+        their acks awaited together (a window amended by many events of the batch goes out once, at
+        its last revision); then the expired entries go."""
+        deliveries: list[Awaitable[Any]] = []
+        expired_of: dict[int, list[str]] = {}
+        for p in sorted(last_of):
+            as_current(last_of[p])  # the table writes below go to partition p
+            state = fold_of(p)
+            due = state.due()
+            expired_of[p] = state.expired()
+            if due or expired_of[p]:
+                open_events[f"{p}/{WATERMARK_KEY}"] = state.watermark_ms
+            for rollup in due:
+                key_text = f"{rollup_key(rollup)}:{p}"
+                value = {**rollup.to_dict(), "partition": p, "key": key_text}
+                deliveries.append(await rollups_out.send(key=key_text.encode(), value=value))
+            if due:
+                logger.info(
+                    "partition %d: %d rollups due at watermark %s (%s)",
+                    p,
+                    len(due),
+                    state.watermark_ms,
+                    ", ".join(
+                        f"{rollup_key(r)} r{r.revision}: {r.documents} docs, {r.pages} pages" for r in due
+                    ),
+                )
+        await asyncio.gather(*deliveries)  # 2.: every rollup of the batch acknowledged by the broker
+        counters.produced += len(deliveries)
+        for p, expired in expired_of.items():  # 3.
+            as_current(last_of[p])
+            for done in expired:
+                del open_events[f"{p}/{done}"]
+
+    async def fold_batch(events: list[Any]) -> None:
+        """One batch of source records, in faust's order (each partition's in offset order), with the
+        records faust skipped before each; see "Per batch" in the module docstring."""
+        last_of: dict[int, Any] = {}  # partition -> its last event in the batch
+        for event in events:
             record = Record.of(event.message, event.value)
+            as_current(event)
+            last_of[record.partition] = event
             if record.topic != clock_topic:  # a skipped tick is harmless: the next one carries the time
                 skipped = await positions.skipped(record)
                 for missed in skipped:
                     counters.skipped += 1
-                    await handle(missed)
+                    await fold_record(missed)
                 if skipped:  # folded: let faust's commit pass them (it waits for them forever otherwise)
                     acknowledge_read_back(
                         app.consumer,
@@ -342,8 +396,22 @@ def make_app(
                         [m.offset for m in skipped],
                         record.offset,
                     )
-            await handle(record)
+            await fold_record(record)
             positions.seen(record)
+        await emit_due(last_of)
+
+    # A crash of the agent (a bug, or a changelog with the wrong partition count) ends the worker,
+    # which its supervisor (docstream up / demo, Kubernetes) reports, instead of faust's default
+    # of restarting the agent in a loop inside a process that looks alive.
+    @app.agent(sources, supervisor_strategy=mode.CrashingSupervisor)
+    async def fold(stream: Any) -> None:
+        # noack_take: faust's take acks a batch in a `finally`, so an exception in the middle of a
+        # batch would ack (and the worker's stop commit) records that were never folded; here a
+        # batch is acked only once fold_batch returned (4.).
+        async for events in stream.noack_take(batch_max, within=batch_within_s):
+            await fold_batch(events)
+            for event in events:  # 4.
+                await stream.ack(event)
 
     if idle_ms is not None:
         source_topics = list(by_topic)

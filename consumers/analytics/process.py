@@ -62,6 +62,7 @@ def child_environment(settings: Settings) -> dict[str, str]:
             "DOCSTREAM_LIMITS__MAX_FUTURE_SKEW_MS": str(settings.limits.max_future_skew_ms),
             "DOCSTREAM_OCR__MAX_PAGES": str(settings.ocr.max_pages),
             "DOCSTREAM_RUNTIME__SESSION_TIMEOUT_MS": str(settings.runtime.session_timeout_ms),
+            "DOCSTREAM_RUNTIME__COMMIT_INTERVAL_MS": str(settings.runtime.commit_interval_ms),
         }
     )
     if settings.analytics.idle_ms is not None:

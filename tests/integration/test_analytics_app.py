@@ -12,6 +12,7 @@ the worker has committed every earlier source offset, so that it cannot overtake
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -45,6 +46,7 @@ PARTITIONS = 3
 # The four source topics are read concurrently, so event time is only ordered per topic: the grace
 # must cover the spread of the test's events (80 s), or one topic's events close another's windows.
 GRACE_MS = 300_000
+COMMITS_WAITED_S = 3.0  # the test workers commit every second
 
 
 def _worker_main(bootstrap: str, app_id: str, topics_json: str, options_json: str) -> None:
@@ -61,6 +63,21 @@ def _worker_main(bootstrap: str, app_id: str, topics_json: str, options_json: st
     }  # event time only
     if "window_sizes_ms" in options:
         options["window_sizes_ms"] = tuple(options["window_sizes_ms"])
+    die_at = options.pop("die_at_record", None)
+    if die_at is not None:  # SIGKILL itself in the middle of a batch (see the test that uses it)
+        from consumers.analytics.readback import Positions
+
+        taken, skipped = [0], Positions.skipped
+
+        async def skipped_or_die(self: Positions, record: Any) -> Any:
+            taken[0] += 1
+            if taken[0] == die_at:  # the batch's earlier records are folded, this one not yet
+                print(f"dying at record {taken[0]}, after {COMMITS_WAITED_S} s of commits", flush=True)
+                await asyncio.sleep(COMMITS_WAITED_S)  # faust commits what is acked meanwhile
+                os.kill(os.getpid(), signal.SIGKILL)
+            return await skipped(self, record)
+
+        Positions.skipped = skipped_or_die  # type: ignore[method-assign]  # the test's crash point
     app = make_app(
         app_id,
         {"bootstrap.servers": bootstrap},
@@ -310,6 +327,33 @@ def test_a_worker_killed_mid_window_resumes_from_its_table_without_loss_or_doubl
         child.wait(timeout=10)
     redelivered = [(topics["uploaded"], "doc.uploaded", upload(1))]
     produce(admin_conf, events(topics, range(half, N_DOCS)) + redelivered)
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
+        close_windows(admin_conf, topics, log_path)
+        totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
+    assert totals == EXPECTED, "\n".join(LAST_READ) + "\n" + log_tail(log_path, 80)
+
+
+def test_a_worker_killed_in_the_middle_of_a_batch_commits_none_of_it_and_resumes_exactly(
+    kafka_bootstrap: str, admin_conf: dict[str, Any], analytics_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """Every event published first, so the agent takes them in batches; as it comes to the 9th
+    record the worker waits 3 commit intervals (the batch's earlier records folded and in the
+    table, faust committing whatever is acked), then SIGKILLs itself: the group has committed none
+    of the batch, and a restarted worker re-folds it from the committed offsets, the records
+    already in the recovered table counting once -> totals exact."""
+    topics, log_path = analytics_topics, tmp_path / "analytics.log"
+    duplicate = [(topics["uploaded"], "doc.uploaded", upload(3))]
+    produce(admin_conf, events(topics, range(N_DOCS)) + duplicate)
+    with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path, die_at_record=9) as child:
+        assert child.wait(timeout=DEADLINE_S) == -signal.SIGKILL, log_tail(log_path)
+    assert "dying at record 9" in log_path.read_text(errors="replace")
+    want = ends(admin_conf, topics)
+    committed = Consumer({**admin_conf, "group.id": topics["app_id"], "enable.auto.commit": False})
+    try:
+        found = committed.committed([TopicPartition(t, p) for t, p in want], timeout=10)
+    finally:
+        committed.close()
+    assert sum(max(tp.offset, 0) for tp in found) < 9, f"the 9th record was committed unfolded: {found}"
     with analytics_worker(kafka_bootstrap, topics["app_id"], topics, log_path):
         close_windows(admin_conf, topics, log_path)
         totals = closed_minute_totals(admin_conf, topics["rollups"], N_DOCS)
