@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from consumers.lag.scaling import Observation, PolicyState, ScalingConfig, decide
-from consumers.ops.capacity.group import assign, partition_weights
+from consumers.ops.capacity.group import Partitions, Tally, assign, partition_weights
 from consumers.ops.capacity.scenario import MECHANISMS, MetricDelays, parse_scenario
 from consumers.ops.capacity.scenario_fields import ScenarioError
 from consumers.ops.capacity.simulate import _Delays, simulate, simulate_policy
@@ -80,7 +80,10 @@ def test_no_block_an_empty_block_and_disabled_blocks_give_the_same_report() -> N
     assert plain == empty == off == switched
     on = simulate(parse_scenario(scenario(mechanics=ALL_ON))).to_dict()
     assert on["policies"] != plain["policies"]
-    assert on["mechanisms"]["commit"] == {"interval_s": 2.0} and plain["mechanisms"]["commit"] is None
+    assert (
+        on["mechanisms"]["commit"] == {"interval_s": 2.0, "timers": "member"}
+        and plain["mechanisms"]["commit"] is None
+    )
 
 
 def test_without_switches_only_the_named_ones() -> None:
@@ -213,6 +216,31 @@ def test_commit_every_c_seconds_ages_the_time_lag_by_half_of_it() -> None:
     assert max(committed.time_lag) == pytest.approx(9.0, abs=0.5)  # the second before a commit
     assert statistics.fmean(committed.unsettled[20:]) == pytest.approx(20 * 4.5, rel=0.1)
     assert plain.unsettled == plain.backlog
+
+
+def test_member_timers_commit_on_each_members_phase_and_at_a_revoke() -> None:
+    """Two partitions, one event a second on each (0.1 s of service). Replica A from 0 s commits at
+    10, 20 ... s; B joins at 3 s (no pause) and takes partition 1, which A commits at the revoke
+    (3 s); B commits at 13, 23 ... s. So at 12 s partition 0 is settled to 10 s and partition 1 to
+    3 s; at 13 s partition 1 catches up to 13 s (one group timer would have settled both at 10 s)."""
+    picks = itertools.cycle([0.25, 0.75])  # partition 0, partition 1, ...
+    group = Partitions(Tally(5.0, 0.0, 40), lambda: 0.1, 1, [1.0, 1.0], lambda: next(picks), 0.0, False)
+    group.add([3.0])
+    oldest: dict[int, float | None] = {}
+    for k in range(30):
+        group.arrive([k + 0.0, k + 0.5])
+        for at in group.joins(k, k + 1):
+            group.serve(at)
+            group.join(at)
+        group.serve(k + 1.0)
+        group.settle_members(k + 1.0, 10.0)
+        oldest[k + 1] = group.oldest_unsettled()
+    assert [p for p in range(2) if group.owners[p] is group.members[1]] == [1]
+    assert oldest[3] == 0.0  # A's first commit is at 10 s
+    assert oldest[10] == 3.5  # A committed partition 0 at 10 s; partition 1 only to the revoke at 3 s
+    assert oldest[12] == 3.5  # partition 1: B's first event, not committed before 13 s
+    assert oldest[13] == 10.0  # B committed to 13 s; partition 0 waits for A's 20 s commit
+    assert oldest[20] == 13.5  # A at 20 s; partition 1 from B's 13 s commit on
 
 
 def test_time_outside_by_the_time_lag_counts_the_seconds_over_the_objective() -> None:
@@ -353,6 +381,7 @@ def test_split_queues_size_the_busiest_replica() -> None:
         ({"partitions": {"skew": "pareto"}}, "mechanics.partitions.skew: must be one of uniform, zipf"),
         ({"partitions": {"skew": "zipf", "zipf_s": 0}}, "mechanics.partitions.zipf_s: must be a number > 0"),
         ({"commit": {"interval_s": 0}}, "mechanics.commit.interval_s: must be a number > 0"),
+        ({"commit": {"timers": "broker"}}, "mechanics.commit.timers: must be one of member, group"),
         ({"offsets": {}}, "mechanics.offsets: unknown field"),
         ("on", "mechanics: must be a mapping"),
     ],

@@ -15,7 +15,9 @@ questions (events waiting, replicas serving, the oldest unsettled event).
 Settling (`settle(at)`): the events finished by `at`, per partition (or in the pool's order) up to
 the first unfinished one, are settled; the oldest unsettled event is the time lag. Without commit
 lag the simulation settles at every second's end (the oldest unfinished event); with it, at each
-commit (the oldest event whose offset is not committed).
+commit (the oldest event whose offset is not committed): one timer for the group (`settle`), or
+per partition queues each member's own (`settle_members`, the default `timers: member`), a moved
+partition settled by its old owner at the revoke.
 
 Rebalance pauses (`mechanics.rebalance`), per change of members: eager, every partition (in the
 pool: every replica) starts nothing for `pause_s`; cooperative, in two rounds as measured on the
@@ -275,12 +277,13 @@ def assign(owner: list[int], members: list[int]) -> list[int]:
 
 
 class _Replica:
-    __slots__ = ("free", "parts", "ready")
+    __slots__ = ("committed", "free", "parts", "ready")
 
     def __init__(self, ready: float) -> None:
-        self.ready = ready  # when it joins the group
+        self.ready = ready  # when it joins the group (and its commit timer's phase)
         self.free = ready  # when it can start its next event
         self.parts: list[int] = []
+        self.committed = ready  # its last commit (member timers)
 
 
 class Partitions:
@@ -365,10 +368,15 @@ class Partitions:
         return draining, left
 
     def _assign(self, at: float, *, pause: bool = True) -> None:
-        """Reassign the partitions to the members at `at`; the rebalance pause from `at`."""
+        """Reassign the partitions to the members at `at`; the rebalance pause from `at`. A
+        partition that moves (or whose owner left) is committed at `at` by its old owner, as the
+        runtime commits on a revoke and on a graceful leave."""
         index = {id(r): i for i, r in enumerate(self.members)}
         old = [-1 if r is None else index.get(id(r), -1) for r in self.owners]
         new = assign(old, list(range(len(self.members))))
+        for p in range(self.n_parts):
+            if self.owners[p] is not None and new[p] != old[p]:
+                self._settle_partition(p, at)
         if pause and self.pause_s > 0:
             # eager: every partition waits; cooperative: those that move (or lost their owner)
             # wait for the new owner, the second round of the incremental rebalance.
@@ -476,11 +484,25 @@ class Partitions:
 
     def settle(self, at: float) -> None:
         """Per partition: settle the events finished by `at` up to its first unfinished one."""
-        for flight in self.in_flight:
-            n = len(flight)
-            while flight and flight[0][1] <= at:
-                flight.popleft()
-            self.settled += n - len(flight)
+        for p in range(self.n_parts):
+            self._settle_partition(p, at)
+
+    def settle_members(self, at: float, interval: float) -> None:
+        """Member timers: each member commits its partitions every `interval` from its join (as
+        each consumer's own auto-commit timer does), settling up to its latest commit by `at`."""
+        for rep in self.members:
+            last = rep.ready + math.floor((at - rep.ready) / interval) * interval
+            if last > rep.committed:
+                rep.committed = last
+                for p in rep.parts:
+                    self._settle_partition(p, last)
+
+    def _settle_partition(self, p: int, at: float) -> None:
+        flight = self.in_flight[p]
+        n = len(flight)
+        while flight and flight[0][1] <= at:
+            flight.popleft()
+        self.settled += n - len(flight)
 
     def oldest_unsettled(self) -> float | None:
         oldest = math.inf

@@ -49,6 +49,7 @@ POLICY_KINDS = ("fixed", "reactive", "docstream", "warm_pool")
 MECHANISMS = ("rebalance", "metrics", "partitions", "commit")
 ASSIGNORS = ("cooperative", "eager")
 SKEWS = ("uniform", "zipf")
+COMMIT_TIMERS = ("member", "group")
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,9 +202,13 @@ class PartitionQueues:
 
 @dataclass(frozen=True)
 class CommitLag:
-    """An event counts as lag until its offset is committed, every `interval_s`."""
+    """An event counts as lag until its offset is committed, every `interval_s`: on each member's
+    own timer from its join (`timers: member`, as each consumer's auto-commit timer runs; a
+    moved partition is committed by its old owner at the revoke), or on one timer for the whole
+    group (`timers: group`). Per partition queues only: the pooled queue has one timer."""
 
     interval_s: float = 2.0
+    timers: str = "member"
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,9 @@ def _mechanics(f: Fields, partitions: int | None) -> Mechanics:
             raise ScenarioError(f"{f.name('partitions')}: needs replicas.partitions (how many queues)")
         queues = PartitionQueues(skew, zipf_s)
     if (sub := _switch(f, "commit")) is not None:
-        commit = CommitLag(sub.number("interval_s", 2.0, strict=True))
+        commit = CommitLag(
+            sub.number("interval_s", 2.0, strict=True), sub.choice("timers", COMMIT_TIMERS, "member")
+        )
         sub.done()
     f.done()
     return Mechanics(rebalance, metrics, queues, commit)

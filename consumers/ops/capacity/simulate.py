@@ -135,6 +135,9 @@ def simulate_policy(
     delays = _Delays(mech.metrics, seed) if mech.metrics is not None else None
     commit_every = mech.commit.interval_s if mech.commit is not None else None
     next_commit = commit_every if commit_every is not None else math.inf
+    member_timers = (
+        isinstance(group, Partitions) and mech.commit is not None and mech.commit.timers == "member"
+    )
 
     stamps = s.arrivals.timestamps
     next_stamp = 0
@@ -187,7 +190,9 @@ def simulate_policy(
 
         # 3. What a monitor sees at the second's end; the offsets committed (or the events
         # settled) by then.
-        if end >= next_commit or commit_every is None:
+        if member_timers and commit_every is not None and isinstance(group, Partitions):
+            group.settle_members(end, commit_every)
+        elif end >= next_commit or commit_every is None:
             group.settle(end)
             while next_commit <= end:
                 next_commit += commit_every or math.inf
