@@ -11,9 +11,12 @@ as long again.
 What the run measures of the process, one JSON line appended to `--log` per milestone, each with
 its pid and the wall clock (epoch seconds): `ready` (the runtime is built and about to join: the
 process's start, imports and clients done), `assigned` (its first partitions), `served` (its first
-event finished), and `partitions` at every change of the topic's partitions it holds (`added`,
+event finished), `partitions` at every change of the topic's partitions it holds (`added`,
 `removed`; the runtime's assignment, watched every 10 ms): a moved partition's gap is the time
-from its removal at one member to its addition at another. `consumers.ops.capacity.calibrate_run`
+from its removal at one member to its addition at another; and `commit` at every commit result
+librdkafka reports (its `on_commit`: `error`, null when it succeeded, and `offsets`, partition ->
+offset committed), which shows when each member's timer commits and whether a commit during a
+rebalance was refused. `consumers.ops.capacity.calibrate_run`
 pairs them with the launch times.
 """
 
@@ -27,6 +30,9 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
 
 from consumers.runtime import Context, Worker
 from consumers.runtime.message import Message
@@ -91,11 +97,18 @@ def main(argv: list[str] | None = None) -> None:
             served.set()
             _note(log, "served", time.time())
 
+    def committed(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        offsets = {str(tp.partition): tp.offset for tp in partitions if tp.topic == args.topic}
+        if offsets or error is not None:
+            _note(log, "commit", time.time(), error=None if error is None else error.name(), offsets=offsets)
+
+    callbacks: dict[str, Any] = {"on_commit": committed}  # a librdkafka callback beside the settings
     worker = Worker(
         group_id=args.group,
         topics=[args.topic],
         handler=handle,
         connection={"bootstrap.servers": args.bootstrap},
+        consumer_overrides=callbacks,
         runtime=RuntimeSettings(
             concurrency=1, commit_interval_ms=args.commit_interval_ms, shutdown_timeout_s=20
         ),
