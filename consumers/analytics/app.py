@@ -409,9 +409,44 @@ def make_app(
         # batch would ack (and the worker's stop commit) records that were never folded; here a
         # batch is acked only once fold_batch returned (4.).
         async for events in stream.noack_take(batch_max, within=batch_within_s):
-            await fold_batch(events)
+            clock.busy = True  # a batch waiting on the broker is not an idle worker (`unstick`)
+            try:
+                await fold_batch(events)
+            finally:
+                clock.busy = False
             for event in events:  # 4.
                 await stream.ack(event)
+
+    stuck_after_s = max(5.0, 3 * commit_interval_s)
+
+    @app.timer(interval=stuck_after_s / 2)  # type: ignore[untyped-decorator]  # faust's
+    async def unstick() -> None:
+        """A source partition whose fetched end is past the next offset the agent expects, while
+        the worker idles: faust dropped what it fetched there and will not fetch it again (see
+        consumers.analytics.faust_seek; docs/notes-faust.md, 7.): seek it back to that offset."""
+        recovered = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]  # untyped
+        if not recovered or clock.busy or not clock.idle(int(stuck_after_s * 1000)):
+            return
+        consumer = app.consumer
+        try:
+            ends = {(tp.topic, tp.partition): consumer.highwater(tp) for tp in consumer.assignment()}
+        except Exception as exc:  # a rebalance in between: the next round looks again
+            logger.debug("unstick: no high watermarks this round: %r", exc)
+            return
+        behind = positions.stuck(
+            {where: end for where, end in ends.items() if where[0] in by_topic}, time.time()
+        )
+        for (topic, partition), offset in sorted(behind.items()):
+            logger.warning(
+                "%s[%d]: its end is %s but nothing from offset %d was handed over while the worker idled"
+                " %.0f s: reading it again from there",
+                topic,
+                partition,
+                ends[(topic, partition)],
+                offset,
+                stuck_after_s,
+            )
+            await consumer.seek(TP(topic, partition), offset)
 
     if idle_ms is not None:
         source_topics = list(by_topic)

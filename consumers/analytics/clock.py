@@ -56,6 +56,7 @@ class IdleClock:
     def __init__(self) -> None:
         self.last_event = time.monotonic()
         self.tick_pending: set[int] = set()  # partitions whose tick was sent and not folded yet
+        self.busy = False  # the agent is in the middle of a batch
         self._tick_sent = 0.0
         self._producer: Any = None
 

@@ -40,6 +40,7 @@ class Record:
 READ_BACK_TIMEOUT_S = 30.0
 LOOKUP_ATTEMPTS = 5  # at an assignment, about 4 s of retries while leadership settles
 LOOKUP_PAUSE_S = 1.0
+RESEEK_AFTER_S = 60.0
 
 
 def acknowledge_read_back(consumer: Any, tp: Any, offsets: list[int], handed: int) -> None:
@@ -109,11 +110,37 @@ class Positions:
         self._unknown: set[tuple[str, int]] = (
             set()
         )  # assigned, but the lookup failed: ask at the first record
+        self._sought: dict[tuple[str, int], tuple[int, float]] = {}  # `stuck`: (offset, when) sought
 
     def forget(self) -> None:
         self._next.clear()
         self._starts.clear()
         self._unknown.clear()
+        self._sought.clear()
+
+    def expected(self, topic: str, partition: int) -> int | None:
+        """The next offset the agent should be handed of the partition (None: not known yet)."""
+        where = (topic, partition)
+        if where in self._next:
+            return self._next[where]
+        start = self._committed(topic, partition)
+        return start if start is not None else self._starts.get(where)
+
+    def stuck(self, ends: Mapping[tuple[str, int], int | None], now: float) -> dict[tuple[str, int], int]:
+        """Of the partitions whose end offset (`ends`, the fetcher's high watermarks) is past the
+        next expected offset while the worker idles, those to seek back to it: each once per offset
+        (again after RESEEK_AFTER_S, in case the seek's records were dropped too)."""
+        out: dict[tuple[str, int], int] = {}
+        for where, end in ends.items():
+            expected = self.expected(*where)
+            if end is None or expected is None or end <= expected:
+                continue
+            last = self._sought.get(where)
+            if last is not None and last[0] == expected and now - last[1] < RESEEK_AFTER_S:
+                continue
+            self._sought[where] = (expected, now)
+            out[where] = expected
+        return out
 
     async def assigned(self, partitions: Iterable[tuple[str, int]]) -> None:
         """On an assignment: where the group's client starts each source partition

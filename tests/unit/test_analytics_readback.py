@@ -14,7 +14,7 @@ from faust.transport.consumer import Consumer
 from faust.types import TP
 from intervaltree import IntervalTree
 
-from consumers.analytics.readback import acknowledge_read_back
+from consumers.analytics.readback import RESEEK_AFTER_S, Positions, Record, acknowledge_read_back
 
 PART = TP("doc.ocr.done", 1)
 
@@ -66,3 +66,22 @@ def test_faust_s_own_gap_over_the_hole_does_not_list_the_records_twice() -> None
         faust_acks(books, offset)
     assert Consumer._new_offset(books, PART) == 27  # type: ignore[arg-type]  # one commit, not 20
     assert not books._gap[PART]
+
+
+def test_a_partition_past_its_expected_offset_while_idle_is_sought_back_once_per_offset() -> None:
+    """`Positions.stuck` (the worker's `unstick` timer): a partition whose fetched end is past the
+    next offset the agent expects (its last handed-over record + 1, else faust's committed offset,
+    else where the group starts) is sought back there; once per offset, again after RESEEK_AFTER_S;
+    a partition at its end, or whose end is unknown, never."""
+    committed = {("up", 0): None, ("up", 1): 5, ("up", 2): None, ("up", 3): 9}
+    positions = Positions({}, "group", lambda topic, partition: committed[(topic, partition)])
+    positions._starts[("up", 0)] = 0  # what `assigned` looks up: the group never committed it
+    positions.seen(Record("up", 3, 11, None, None, None))  # handed over up to 11: expects 12
+    ends = {("up", 0): 1, ("up", 1): 5, ("up", 2): 4, ("up", 3): 12}
+    assert positions.stuck(ends, now=100.0) == {("up", 0): 0}  # 1: at its end; 2: start unknown; 3: at 12
+    assert positions.stuck(ends, now=101.0) == {}  # sought already
+    assert positions.stuck(ends, now=100.0 + RESEEK_AFTER_S) == {("up", 0): 0}
+    positions.seen(Record("up", 0, 0, None, None, None))  # the record came: expects 1, its end
+    assert positions.stuck({**ends, ("up", 3): 14, ("up", 2): None}, now=500.0) == {("up", 3): 12}
+    positions.forget()
+    assert positions.stuck({("up", 1): 7}, now=501.0) == {("up", 1): 5}
