@@ -132,10 +132,11 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             f" offering {offered:.1f}/s for {config.duration_s:.0f} s"
         )
         lags: dict[str, float] = {}
+        peaks_at: dict[str, float] = {}
         stop = threading.Event()
-        watcher = threading.Thread(target=_watch_health, args=(url, lags, stop), daemon=True)
-        watcher.start()
         began = time.monotonic()
+        watcher = threading.Thread(target=_watch_health, args=(url, lags, peaks_at, began, stop), daemon=True)
+        watcher.start()
         answers = _offer(url, keys, offered, config.duration_s)
         sent_per_s = len(answers) / max(1e-9, time.monotonic() - began)
         say(
@@ -170,6 +171,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             accepted_wait_s=_quantiles(waits),
             max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
             retry_after_s=_quantiles(retry_after, ("p50", "max")),
+            details={"max_time_lag_at_s": dict(peaks_at)},
         )
         (folder / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
         return report
@@ -303,15 +305,20 @@ def failures(answers: list[dict[str, Any]]) -> dict[str, int]:
     return counted
 
 
-def _watch_health(url: str, lags: dict[str, float], stop: threading.Event) -> None:
+def _watch_health(
+    url: str, lags: dict[str, float], peaks_at: dict[str, float], began: float, stop: threading.Event
+) -> None:
+    """Each group's largest time lag in the API's health samples (`lags`), and when it came
+    (`peaks_at`: seconds from the start of the offer; negative: before it, in the probe's drain)."""
     while not stop.wait(HEALTH_EVERY_S):
         try:
             groups = requests.get(f"{url}/health", timeout=5).json().get("groups", {})
         except (requests.RequestException, ValueError):
             continue
         for name, entry in groups.items():
-            if entry.get("time_lag_s") is not None:
-                lags[name] = max(lags.get(name, 0.0), float(entry["time_lag_s"]))
+            if entry.get("time_lag_s") is not None and float(entry["time_lag_s"]) > lags.get(name, 0.0):
+                lags[name] = float(entry["time_lag_s"])
+                peaks_at[name] = round(time.monotonic() - began, 1)
 
 
 def _drain(settings: Settings, ids: list[str], timeout: float) -> tuple[int, list[float]]:
