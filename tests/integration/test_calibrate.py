@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import math
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from consumers.ops.capacity.calibrate import Calibration, compare_run
 from consumers.ops.capacity.calibrate_compare import MEASURES, Step, measures
 from consumers.ops.capacity.calibrate_record import RealRun
-from consumers.ops.capacity.calibrate_run import run_real
+from consumers.ops.capacity.calibrate_run import PUBLISHER_SETTINGS, run_real
+from consumers.ops.capacity.calibrate_stage import event_key, partition_of
 
 STEP = Step(duration_s=70.0, step_at_s=14.0)
 
@@ -105,3 +108,23 @@ def test_every_stage_process_is_gone(run: RealRun) -> None:
     alive = subprocess.run(["pgrep", "-f", "calibrate_stage"], capture_output=True, text=True).stdout.split()
     pids = {s.pid for s in run.starts}
     assert not pids & {int(p) for p in alive}
+
+
+def test_each_event_lands_on_the_partition_the_simulator_replays(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """The publisher's partitioner puts event i where `partition_of` says (what the simulator
+    replays as the run's per-partition load): 300 keys on a 12-partition topic."""
+    topic = new_topic(12, "calibrate-keys")
+    landed: dict[int, int] = {}
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        landed[int(msg.key()[1:])] = msg.partition()
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, **PUBLISHER_SETTINGS})
+    for i in range(300):
+        producer.produce(topic, key=event_key(i), value=b"k", on_delivery=delivered)
+    assert producer.flush(15) == 0
+    assert landed == {i: partition_of(event_key(i), 12) for i in range(300)}
+    assert len(set(landed.values())) == 12

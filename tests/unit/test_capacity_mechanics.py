@@ -420,6 +420,36 @@ def test_the_shipped_partitioned_reading_step_has_every_mechanism() -> None:
     assert len(timeline.time_lag) == len(timeline.ready) == 3600 and report.time_outside_lag_s > 0
 
 
+def test_replayed_partitions_put_each_arrival_where_the_run_put_it() -> None:
+    """`skew: replay`: arrival i on values[i] (then uniform ones), the same under every seed. All
+    of 4 events on partition 1 of 2, one replica each: the second replica idles, the first holds a
+    queue; spread over both, nobody waits."""
+    data = scenario(
+        service={"kind": "samples", "values_s": [5.0]},
+        arrivals={"kind": "trace", "timestamps": [1.0, 1.1, 1.2, 1.3]},
+        replicas={"initial": 2, "partitions": 2},
+        duration_s=30,
+        policies=[{"name": "two", "kind": "fixed", "replicas": 2}],
+    )
+
+    def lags(values: list[int], seed: int) -> list[float]:
+        mech = {"partitions": {"skew": "replay", "values": values}}
+        return simulate(parse_scenario({**data, "mechanics": mech}), seed=seed).timelines["two"].time_lag
+
+    hot = lags([1, 1, 1, 1], 1)
+    assert hot == lags([1, 1, 1, 1], 2)  # the seed no longer picks partitions
+    assert max(hot) == pytest.approx(19.0, abs=1.0)  # the 4th (1.3 s) starts at 16 s, ends at 21 s
+    assert max(lags([0, 1, 0, 1], 1)) == pytest.approx(10.0, abs=1.0)  # two per replica
+    report = simulate(
+        parse_scenario({**data, "mechanics": {"partitions": {"skew": "replay", "values": [1]}}})
+    )
+    assert report.to_dict()["mechanisms"]["partitions"] == {"skew": "replay", "zipf_s": 1.0, "replayed": 1}
+    with pytest.raises(
+        ScenarioError, match=r"mechanics\.partitions\.values\[1\]: must be a partition number 0\.\.1"
+    ):
+        parse_scenario({**data, "mechanics": {"partitions": {"skew": "replay", "values": [0, 2]}}})
+
+
 def test_samples_in_arrival_order_replay_a_run_event_by_event() -> None:
     """`order: arrival`: event i takes values_s[i] (wrapping round), under every policy and in both
     queues (the pool draws at the start, in arrival order; the partitions at the arrival)."""

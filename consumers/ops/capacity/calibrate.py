@@ -214,7 +214,7 @@ def _scenario(real: RealRun, cold: float, pause: float) -> tuple[Scenario, bool]
     """The run's scenario with each event's own service time, where the simulator takes them in
     arrival order (`samples` with `order: arrival`); else with the step's exponential law."""
 
-    def mapping(service_times: list[float] | None) -> dict[str, Any]:
+    def mapping(service_times: list[float] | None, partitions: list[int] | None) -> dict[str, Any]:
         return scenario_mapping(
             real.step,
             real.kind,
@@ -222,12 +222,13 @@ def _scenario(real: RealRun, cold: float, pause: float) -> tuple[Scenario, bool]
             cold_start_s=cold,
             rebalance_pause_s=pause,
             service_times=service_times,
+            partitions=partitions,
         )
 
     try:
-        return build_scenario(mapping(real.service_times())), True
-    except ScenarioError:  # a simulator without replayed service times
-        return build_scenario(mapping(None)), False
+        return build_scenario(mapping(real.service_times(), real.partitions())), True
+    except ScenarioError:  # a simulator without replayed service times and partitions
+        return build_scenario(mapping(None, None)), False
 
 
 def _range(values: list[float | None]) -> tuple[float | None, float | None]:

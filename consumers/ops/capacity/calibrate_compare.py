@@ -142,12 +142,14 @@ def scenario_mapping(
     cold_start_s: float = 0.0,
     rebalance_pause_s: float = 0.0,
     service_times: Sequence[float] | None = None,
+    partitions: Sequence[int] | None = None,
     mechanics: bool = True,
 ) -> dict[str, Any]:
     """The simulator's scenario of one policy's run: the recorded `timestamps` (None: the step's
     rates, for a decider built before the run), the measured start and rebalance pause, the
-    events' own `service_times` in arrival order (None: the step's exponential law), every
-    mechanism on (`mechanics`; off: no `mechanics` block, for a decider, which needs none).
+    events' own `service_times` in arrival order (None: the step's exponential law), their
+    `partitions` in arrival order (None: uniform random ones), every mechanism on (`mechanics`;
+    off: no `mechanics` block, for a decider, which needs none).
 
     The metric delay is 0: the run's autoscaler decides on a lag sample taken at its tick (as
     `docstream up --autoscale`'s does), with no exporter, scrape or poll between."""
@@ -177,7 +179,11 @@ def scenario_mapping(
         mapping["mechanics"] = {
             "rebalance": {"enabled": True, "assignor": "cooperative", "pause_s": round(rebalance_pause_s, 3)},
             "metrics": {"enabled": True, "exporter_interval_s": 0.0},
-            "partitions": {"enabled": True, "skew": "uniform"},
+            "partitions": (
+                {"enabled": True, "skew": "replay", "values": list(partitions)}
+                if partitions
+                else {"enabled": True, "skew": "uniform"}
+            ),
             "commit": {"enabled": True, "interval_s": step.commit_interval_s},
         }
     return mapping

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.ops.capacity.calibrate_compare import Curve, Step
-from consumers.ops.capacity.calibrate_stage import event_key, service_time
+from consumers.ops.capacity.calibrate_stage import event_key, partition_of, service_time
 
 __all__ = ["RealRun", "Start", "milestones", "moves", "read_records", "starts"]
 
@@ -51,6 +51,11 @@ class RealRun:
         """Each published event's service time, in publish order: the stage sleeps a time fixed by
         the event's key (`calibrate_stage.service_time`), so it is known without asking the stage."""
         return [service_time(event_key(i), self.step.mean_service_s) for i in range(len(self.timestamps))]
+
+    def partitions(self) -> list[int]:
+        """Each published event's partition, in publish order (`calibrate_stage.partition_of`: the
+        publisher's partitioner over the event's key)."""
+        return [partition_of(event_key(i), self.step.partitions) for i in range(len(self.timestamps))]
 
     def scale_up_starts(self) -> list[Start]:
         """The replicas launched during the run (the first ones started before it, idle)."""

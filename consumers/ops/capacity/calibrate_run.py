@@ -73,11 +73,16 @@ class _Launches:
         return child
 
 
+# The partitioner named (librdkafka's default): the simulator replays each event's partition
+# (`calibrate_stage.partition_of`), so it must not change under it.
+PUBLISHER_SETTINGS = {"linger.ms": 0, "acks": "all", "partitioner": "consistent_random"}
+
+
 def _publish(
     conf: dict[str, Any], topic: str, times: list[float], t0: float, sent: list[float], stop: threading.Event
 ) -> None:
     """Each event at its time after `t0` (open loop), its record timestamp the moment it was sent."""
-    producer = Producer({**conf, "linger.ms": 0, "acks": "all"})
+    producer = Producer({**conf, **PUBLISHER_SETTINGS})
     try:
         for i, at in enumerate(times):
             if stop.wait(max(0.0, t0 + at - time.time())):

@@ -29,6 +29,7 @@ import math
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from consumers.runtime import Context, Worker
 from consumers.runtime.message import Message
 from docstream.settings import RuntimeSettings
 
-__all__ = ["event_key", "service_time"]
+__all__ = ["event_key", "partition_of", "service_time"]
 
 _ASSIGNMENT_POLL_S = 0.01
 _TOP = float(1 << 64)
@@ -47,6 +48,13 @@ _TOP = float(1 << 64)
 def event_key(i: int) -> bytes:
     """The key of the run's i-th event (in publish order)."""
     return f"e{i}".encode()
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition the run's publisher puts `key` on: librdkafka's `consistent_random`
+    partitioner (its default, set explicitly by the publisher), CRC-32 of the key modulo the
+    partitions. The simulator replays it (`partitions: {skew: replay}`): the keys' own skew."""
+    return zlib.crc32(key) % partitions
 
 
 def service_time(key: bytes, mean_s: float) -> float:

@@ -240,7 +240,7 @@ class Pool:
 
 def partition_weights(partitions: int, skew: str, zipf_s: float) -> list[float]:
     """Each partition's share of the events: equal, or Zipf (partition i: 1/(i+1)^s, normalised)."""
-    if skew == "uniform":
+    if skew in ("uniform", "replay"):  # replay: each arrival's partition is given (simulate's pick)
         return [1.0 / partitions] * partitions
     raw = [1.0 / (i + 1) ** zipf_s for i in range(partitions)]
     total = sum(raw)

@@ -121,4 +121,9 @@ class SimulationReport:
 def _mechanisms(s: Scenario) -> dict[str, Any]:
     """The scenario's mechanics as JSON: each switched-on one's settings, null when off."""
     m = s.mechanics
-    return {name: None if getattr(m, name) is None else asdict(getattr(m, name)) for name in MECHANISMS}
+    out = {name: None if getattr(m, name) is None else asdict(getattr(m, name)) for name in MECHANISMS}
+    if out["partitions"] is not None:  # a replayed list is the run's, not a setting: its length
+        values = out["partitions"].pop("values")
+        if values:
+            out["partitions"]["replayed"] = len(values)
+    return out

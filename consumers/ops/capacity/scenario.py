@@ -48,7 +48,7 @@ __all__ = [
 POLICY_KINDS = ("fixed", "reactive", "docstream", "warm_pool")
 MECHANISMS = ("rebalance", "metrics", "partitions", "commit")
 ASSIGNORS = ("cooperative", "eager")
-SKEWS = ("uniform", "zipf")
+SKEWS = ("uniform", "zipf", "replay")
 COMMIT_TIMERS = ("member", "group")
 
 
@@ -194,10 +194,13 @@ class MetricDelays:
 
 @dataclass(frozen=True)
 class PartitionQueues:
-    """Per-partition queues: each event gets a partition (uniform, or Zipf weights over them)."""
+    """Per-partition queues: each event gets a partition (uniform, or Zipf weights over them, or
+    `replay`: the partition of each arrival in order, `values`, as a real run's keys put them;
+    arrivals beyond the list get uniform ones)."""
 
     skew: str = "uniform"
     zipf_s: float = 1.0
+    values: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,17 @@ class Mechanics:
     def on(self) -> tuple[str, ...]:
         """The names of the mechanisms switched on, in MECHANISMS order."""
         return tuple(name for name in MECHANISMS if getattr(self, name) is not None)
+
+
+def _partition_list(value: object, where: str, partitions: int | None) -> tuple[int, ...]:
+    """`skew: replay`'s `values`: a partition number per arrival, each in 0..partitions-1."""
+    if not isinstance(value, list) or not value:
+        raise ScenarioError(f"{where}: must be a non-empty list of partition numbers")
+    top = partitions if partitions is not None else 1 << 30
+    for i, v in enumerate(value):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < top:
+            raise ScenarioError(f"{where}[{i}]: must be a partition number 0..{top - 1}, got {v!r}")
+    return tuple(value)
 
 
 def _switch(f: Fields, key: str) -> Fields | None:
@@ -254,10 +268,13 @@ def _mechanics(f: Fields, partitions: int | None) -> Mechanics:
     if (sub := _switch(f, "partitions")) is not None:
         skew = sub.choice("skew", SKEWS, "uniform")
         zipf_s = sub.number("zipf_s", 1.0, strict=True)
+        values: tuple[int, ...] = ()
+        if skew == "replay":
+            values = _partition_list(sub.raw("values"), sub.name("values"), partitions)
         sub.done()
         if partitions is None:
             raise ScenarioError(f"{f.name('partitions')}: needs replicas.partitions (how many queues)")
-        queues = PartitionQueues(skew, zipf_s)
+        queues = PartitionQueues(skew, zipf_s, values)
     if (sub := _switch(f, "commit")) is not None:
         commit = CommitLag(
             sub.number("interval_s", 2.0, strict=True), sub.choice("timers", COMMIT_TIMERS, "member")

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 from consumers.ops.capacity.group import MERGE_GAP_S, Partitions, Pool, Tally, partition_weights
@@ -127,6 +128,8 @@ def simulate_policy(
     if mech.partitions is not None and s.partitions is not None:
         weights = partition_weights(s.partitions, mech.partitions.skew, mech.partitions.zipf_s)
         pick = random.Random(f"{seed}/partitions").random
+        if mech.partitions.skew == "replay":  # each arrival's own partition, then uniform ones
+            pick = _replayed(mech.partitions.values, s.partitions, pick)
         group = Partitions(tally, service_time, initial, weights, pick, pause, eager)
     else:
         cap = s.partitions if s.partitions is not None else 1 << 30
@@ -299,6 +302,18 @@ class _Delays:
         for interval, phase in self.stages:  # the policy's end first, back to the lag model
             at = phase + math.floor((at - phase) / interval) * interval
         return max(0, math.floor(at / STEP_S + 1e-9))
+
+
+def _replayed(values: tuple[int, ...], partitions: int, then: Callable[[], float]) -> Callable[[], float]:
+    """A `pick` for uniform weights that lands arrival i on partition values[i] (its middle), and
+    on `then`'s draws after the list."""
+    queue = iter(values)
+
+    def pick() -> float:
+        p = next(queue, None)
+        return then() if p is None else (p + 0.5) / partitions
+
+    return pick
 
 
 def _drain_time(
