@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from consumers.ops.capacity.scenario_fields import Fields, ScenarioError
+from consumers.ops.capacity.scenario_fields import Fields, ScenarioError, partition_list, switch
 from consumers.ops.capacity.workload import Arrivals, Service, parse_arrivals, parse_service
 
 __all__ = [
@@ -227,55 +227,31 @@ class Mechanics:
         return tuple(name for name in MECHANISMS if getattr(self, name) is not None)
 
 
-def _partition_list(value: object, where: str, partitions: int | None) -> tuple[int, ...]:
-    """`skew: replay`'s `values`: a partition number per arrival, each in 0..partitions-1."""
-    if not isinstance(value, list) or not value:
-        raise ScenarioError(f"{where}: must be a non-empty list of partition numbers")
-    top = partitions if partitions is not None else 1 << 30
-    for i, v in enumerate(value):
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < top:
-            raise ScenarioError(f"{where}[{i}]: must be a partition number 0..{top - 1}, got {v!r}")
-    return tuple(value)
-
-
-def _switch(f: Fields, key: str) -> Fields | None:
-    """The sub-block's fields, or None when it is absent or `enabled: false`."""
-    if not f.has(key):
-        f.seen.add(key)
-        return None
-    sub = Fields(f.raw(key), f.name(key))
-    enabled = sub.data.get("enabled", True)
-    sub.seen.add("enabled")
-    if not isinstance(enabled, bool):
-        raise ScenarioError(f"{sub.name('enabled')}: must be true or false, got {enabled!r}")
-    return sub if enabled else None
-
-
 def _mechanics(f: Fields, partitions: int | None) -> Mechanics:
     rebalance = metrics = queues = commit = None
-    if (sub := _switch(f, "rebalance")) is not None:
+    if (sub := switch(f, "rebalance")) is not None:
         rebalance = RebalancePause(
             sub.choice("assignor", ASSIGNORS, "cooperative"), sub.number("pause_s", 2.8)
         )
         sub.done()
-    if (sub := _switch(f, "metrics")) is not None:
+    if (sub := switch(f, "metrics")) is not None:
         metrics = MetricDelays(
             sub.number("exporter_interval_s", 5.0),
             sub.number("scrape_interval_s", 0.0),
             sub.number("poll_interval_s", 0.0),
         )
         sub.done()
-    if (sub := _switch(f, "partitions")) is not None:
+    if (sub := switch(f, "partitions")) is not None:
         skew = sub.choice("skew", SKEWS, "uniform")
         zipf_s = sub.number("zipf_s", 1.0, strict=True)
         values: tuple[int, ...] = ()
         if skew == "replay":
-            values = _partition_list(sub.raw("values"), sub.name("values"), partitions)
+            values = partition_list(sub.raw("values"), sub.name("values"), partitions)
         sub.done()
         if partitions is None:
             raise ScenarioError(f"{f.name('partitions')}: needs replicas.partitions (how many queues)")
         queues = PartitionQueues(skew, zipf_s, values)
-    if (sub := _switch(f, "commit")) is not None:
+    if (sub := switch(f, "commit")) is not None:
         commit = CommitLag(
             sub.number("interval_s", 2.0, strict=True), sub.choice("timers", COMMIT_TIMERS, "member")
         )

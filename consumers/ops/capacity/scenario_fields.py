@@ -15,7 +15,7 @@ from typing import Any
 
 from docstream.errors import ConfigurationError
 
-__all__ = ["Fields", "ScenarioError", "number_list", "read_file_numbers"]
+__all__ = ["Fields", "ScenarioError", "number_list", "partition_list", "read_file_numbers", "switch"]
 
 
 class ScenarioError(ConfigurationError):
@@ -136,3 +136,27 @@ def read_file_numbers(path: Path, where: str) -> list[list[float]]:
     if not rows:
         raise ScenarioError(f"{where}: {path} holds no numbers")
     return rows
+
+
+def partition_list(value: object, where: str, partitions: int | None) -> tuple[int, ...]:
+    """`skew: replay`'s `values`: a partition number per arrival, each in 0..partitions-1."""
+    if not isinstance(value, list) or not value:
+        raise ScenarioError(f"{where}: must be a non-empty list of partition numbers")
+    top = partitions if partitions is not None else 1 << 30
+    for i, v in enumerate(value):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < top:
+            raise ScenarioError(f"{where}[{i}]: must be a partition number 0..{top - 1}, got {v!r}")
+    return tuple(value)
+
+
+def switch(f: Fields, key: str) -> Fields | None:
+    """The sub-block's fields, or None when it is absent or `enabled: false`."""
+    if not f.has(key):
+        f.seen.add(key)
+        return None
+    sub = Fields(f.raw(key), f.name(key))
+    enabled = sub.data.get("enabled", True)
+    sub.seen.add("enabled")
+    if not isinstance(enabled, bool):
+        raise ScenarioError(f"{sub.name('enabled')}: must be true or false, got {enabled!r}")
+    return sub if enabled else None
