@@ -378,7 +378,11 @@ def test_split_queues_size_the_busiest_replica() -> None:
         ({"rebalance": {"enabled": "yes"}}, "mechanics.rebalance.enabled: must be true or false"),
         ({"metrics": {"scrape_interval_s": "15s"}}, "mechanics.metrics.scrape_interval_s: must be a number"),
         ({"metrics": {"keda": 30}}, "mechanics.metrics.keda: unknown field"),
-        ({"partitions": {"skew": "pareto"}}, "mechanics.partitions.skew: must be one of uniform, zipf"),
+        (
+            {"partitions": {"skew": "pareto"}},
+            "mechanics.partitions.skew: must be one of uniform, zipf, replay",
+        ),
+        ({"partitions": {"order": "random"}}, "mechanics.partitions.order: must be one of oldest, fetch"),
         ({"partitions": {"skew": "zipf", "zipf_s": 0}}, "mechanics.partitions.zipf_s: must be a number > 0"),
         ({"commit": {"interval_s": 0}}, "mechanics.commit.interval_s: must be a number > 0"),
         ({"commit": {"timers": "broker"}}, "mechanics.commit.timers: must be one of member, group"),
@@ -420,6 +424,34 @@ def test_the_shipped_partitioned_reading_step_has_every_mechanism() -> None:
     assert len(timeline.time_lag) == len(timeline.ready) == 3600 and report.time_outside_lag_s > 0
 
 
+@pytest.mark.parametrize(
+    ("fetch_order", "finishes"),
+    [(False, {0: [3.0, 5.0], 1: [2.0, 4.0]}), (True, {0: [3.0, 4.0], 1: [2.0, 5.0]})],
+)
+def test_fetch_order_serves_a_partitions_fetched_batch_before_an_older_event_elsewhere(
+    fetch_order: bool, finishes: dict[int, list[float]]
+) -> None:
+    """One replica on partitions 0 and 1: partition 1's event at 0 s takes 2 s; meanwhile 0.5 s
+    (partition 0), 0.6 s (1) and 0.7 s (0) arrive, 1 s each. Oldest first: 0.5, 0.6, 0.7. Fetch
+    order: at 2 s partition 1's batch (what had come by its fetch at 0 s) is done, so the next
+    partition in turn, 0, is fetched with both its events (0.5 and 0.7), then partition 1's 0.6."""
+    services = iter([2.0, 1.0, 1.0, 1.0])
+    picks = iter([0.75, 0.25, 0.75, 0.25])  # partitions 1, 0, 1, 0
+    group = Partitions(
+        Tally(5.0, 0.0, 20),
+        lambda: next(services),
+        1,
+        [0.5, 0.5],
+        lambda: next(picks),
+        0.0,
+        False,
+        fetch_order,
+    )
+    group.arrive([0.0, 0.5, 0.6, 0.7])
+    group.serve(10.0)
+    assert {p: [finish for _, finish in group.in_flight[p]] for p in (0, 1)} == finishes
+
+
 def test_replayed_partitions_put_each_arrival_where_the_run_put_it() -> None:
     """`skew: replay`: arrival i on values[i] (then uniform ones), the same under every seed. All
     of 4 events on partition 1 of 2, one replica each: the second replica idles, the first holds a
@@ -443,7 +475,8 @@ def test_replayed_partitions_put_each_arrival_where_the_run_put_it() -> None:
     report = simulate(
         parse_scenario({**data, "mechanics": {"partitions": {"skew": "replay", "values": [1]}}})
     )
-    assert report.to_dict()["mechanisms"]["partitions"] == {"skew": "replay", "zipf_s": 1.0, "replayed": 1}
+    want = {"skew": "replay", "zipf_s": 1.0, "order": "oldest", "replayed": 1}
+    assert report.to_dict()["mechanisms"]["partitions"] == want
     with pytest.raises(
         ScenarioError, match=r"mechanics\.partitions\.values\[1\]: must be a partition number 0\.\.1"
     ):

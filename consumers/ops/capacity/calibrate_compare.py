@@ -179,11 +179,11 @@ def scenario_mapping(
         mapping["mechanics"] = {
             "rebalance": {"enabled": True, "assignor": "cooperative", "pause_s": round(rebalance_pause_s, 3)},
             "metrics": {"enabled": True, "exporter_interval_s": 0.0},
-            "partitions": (
-                {"enabled": True, "skew": "replay", "values": list(partitions)}
-                if partitions
-                else {"enabled": True, "skew": "uniform"}
-            ),
+            "partitions": {  # a member serves a fetched batch of one partition at a time
+                "enabled": True,
+                "order": "fetch",
+                **({"skew": "replay", "values": list(partitions)} if partitions else {"skew": "uniform"}),
+            },
             "commit": {"enabled": True, "interval_s": step.commit_interval_s},
         }
     return mapping

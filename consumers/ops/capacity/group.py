@@ -277,13 +277,15 @@ def assign(owner: list[int], members: list[int]) -> list[int]:
 
 
 class _Replica:
-    __slots__ = ("committed", "free", "parts", "ready")
+    __slots__ = ("committed", "current", "cutoff", "free", "parts", "ready")
 
     def __init__(self, ready: float) -> None:
         self.ready = ready  # when it joins the group (and its commit timer's phase)
         self.free = ready  # when it can start its next event
         self.parts: list[int] = []
         self.committed = ready  # its last commit (member timers)
+        self.current = -1  # fetch order: the partition whose batch it serves
+        self.cutoff = -math.inf  # ... the events of it that arrived by its fetch
 
 
 class Partitions:
@@ -303,6 +305,7 @@ class Partitions:
         pick: Callable[[], float],
         pause_s: float,
         eager: bool,
+        fetch_order: bool = False,
     ) -> None:
         self.tally = tally
         self.service_time = service_time
@@ -312,6 +315,7 @@ class Partitions:
         self.pick = pick
         self.pause_s = pause_s
         self.eager = eager
+        self.fetch_order = fetch_order
         self.queues: list[deque[tuple[float, float, int]]] = [deque() for _ in weights]
         self.in_flight: list[deque[tuple[float, float]]] = [deque() for _ in weights]
         self.avail = [0.0] * self.n_parts  # when each partition may next be served (a pause)
@@ -417,16 +421,19 @@ class Partitions:
                 continue
             free = rep.free
             while True:
-                best, best_e, best_a = -1, math.inf, math.inf
-                for p in parts:
-                    q = queues[p]
-                    if q:
-                        a = q[0][0]
-                        e = avail[p]
-                        if a > e:
-                            e = a
-                        if e < best_e or (e == best_e and a < best_a):
-                            best, best_e, best_a = p, e, a
+                if self.fetch_order:
+                    best, best_e = self._fetched(rep, free)
+                else:
+                    best, best_e, best_a = -1, math.inf, math.inf
+                    for p in parts:
+                        q = queues[p]
+                        if q:
+                            a = q[0][0]
+                            e = avail[p]
+                            if a > e:
+                                e = a
+                            if e < best_e or (e == best_e and a < best_a):
+                                best, best_e, best_a = p, e, a
                 if best < 0:
                     break
                 start = best_e if best_e > free else free
@@ -453,6 +460,31 @@ class Partitions:
         tally.max_wait, tally.counted, tally.late, tally.wait_sum = max_wait, counted, late, wait_sum
         self.waiting_count -= started
         self._advance()
+
+    def _fetched(self, rep: _Replica, free: float) -> tuple[int, float]:
+        """Fetch order: the next event of the batch `rep` is serving (its partition's events that
+        had arrived by the batch's fetch), else the first partition after it, in the order of its
+        partitions, with an event it can start by `free` (else the one it can start soonest),
+        whose events up to then are the next batch; (partition, earliest start), or (-1, inf)."""
+        queues, avail, parts = self.queues, self.avail, rep.parts
+        p = rep.current
+        if p in parts and queues[p] and queues[p][0][0] <= rep.cutoff:
+            a = queues[p][0][0]
+            return p, max(avail[p], a)
+        first = parts.index(p) + 1 if p in parts else 0
+        best, best_e = -1, math.inf
+        for k in range(len(parts)):
+            cand = parts[(first + k) % len(parts)]
+            if queues[cand]:
+                e = max(avail[cand], queues[cand][0][0])
+                if e <= free:
+                    best, best_e = cand, e
+                    break
+                if e < best_e:
+                    best, best_e = cand, e
+        if best >= 0:
+            rep.current, rep.cutoff = best, max(free, best_e)
+        return best, best_e
 
     def _advance(self) -> None:
         """Count the breaches of the events whose start is known, in arrival order."""

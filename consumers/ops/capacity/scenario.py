@@ -50,6 +50,7 @@ MECHANISMS = ("rebalance", "metrics", "partitions", "commit")
 ASSIGNORS = ("cooperative", "eager")
 SKEWS = ("uniform", "zipf", "replay")
 COMMIT_TIMERS = ("member", "group")
+SERVE_ORDERS = ("oldest", "fetch")
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,6 +202,7 @@ class PartitionQueues:
     skew: str = "uniform"
     zipf_s: float = 1.0
     values: tuple[int, ...] = ()
+    order: str = "oldest"  # a replica serves the oldest event of its partitions first, or `fetch`
 
 
 @dataclass(frozen=True)
@@ -244,13 +246,14 @@ def _mechanics(f: Fields, partitions: int | None) -> Mechanics:
     if (sub := switch(f, "partitions")) is not None:
         skew = sub.choice("skew", SKEWS, "uniform")
         zipf_s = sub.number("zipf_s", 1.0, strict=True)
+        order = sub.choice("order", SERVE_ORDERS, "oldest")
         values: tuple[int, ...] = ()
         if skew == "replay":
             values = partition_list(sub.raw("values"), sub.name("values"), partitions)
         sub.done()
         if partitions is None:
             raise ScenarioError(f"{f.name('partitions')}: needs replicas.partitions (how many queues)")
-        queues = PartitionQueues(skew, zipf_s, values)
+        queues = PartitionQueues(skew, zipf_s, values, order)
     if (sub := switch(f, "commit")) is not None:
         commit = CommitLag(
             sub.number("interval_s", 2.0, strict=True), sub.choice("timers", COMMIT_TIMERS, "member")

@@ -130,7 +130,8 @@ def simulate_policy(
         pick = random.Random(f"{seed}/partitions").random
         if mech.partitions.skew == "replay":  # each arrival's own partition, then uniform ones
             pick = _replayed(mech.partitions.values, s.partitions, pick)
-        group = Partitions(tally, service_time, initial, weights, pick, pause, eager)
+        fetch_order = mech.partitions.order == "fetch"
+        group = Partitions(tally, service_time, initial, weights, pick, pause, eager, fetch_order)
     else:
         cap = s.partitions if s.partitions is not None else 1 << 30
         group = Pool(tally, service_time, initial, cap, 0.0 if eager else pause)
