@@ -44,17 +44,19 @@ KEYS = 5
 
 RELAY_PROCESS = """
 import sys
+import time
 from docstream.api.outbox import Outbox
 from docstream.blobstore import BlobStore
 from producers.publisher import Publisher
 
-store, bootstrap, batch, me = sys.argv[1:]
+store, bootstrap, batch, me, pace_s = sys.argv[1:]
 live = frozenset({me})  # the replica whose folder it relays is gone
 outbox = Outbox(BlobStore(store), me, max_records=1000, live=lambda: live, takeover_after_s=0, scan_every_s=0)
 with Publisher({"bootstrap.servers": bootstrap}, linger_ms=0) as publisher:
     print("relaying", flush=True)
     outbox.relay_once(publisher, batch=int(batch))
     while outbox.taking_over or outbox.stranded():
+        time.sleep(float(pace_s))  # the test's pace, so that its kill lands mid-way
         outbox.relay_once(publisher, batch=int(batch))
 print("empty", flush=True)
 """
@@ -174,12 +176,14 @@ def test_a_relay_killed_while_taking_over_a_gone_replica_loses_nothing_and_dupli
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
 
-    def relay_process(me: str) -> subprocess.Popen[str]:
-        args = [sys.executable, "-c", RELAY_PROCESS, store, broker.bootstrap, "5", me]
+    def relay_process(me: str, pace_s: float = 0.0) -> subprocess.Popen[str]:
+        args = [sys.executable, "-c", RELAY_PROCESS, store, broker.bootstrap, "5", me, str(pace_s)]
         return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     kill_below = random.randint(30, records - 30)  # a random moment in the middle of relaying
-    first = relay_process("first")
+    # Paced 20 ms a batch of 5: the 30 records or more left at the kill take 120 ms or more, where
+    # the test looks every 50 ms (unpaced, the relay once sent the rest between a look and the kill).
+    first = relay_process("first", pace_s=0.02)
     try:
         wait_until(lambda: waiting() <= kill_below or first.poll() is not None, 30, "relaying")
         first.send_signal(signal.SIGKILL)

@@ -196,11 +196,15 @@ def test_the_simulators_scenario_carries_the_runs_measurements() -> None:
     assert mapping["mechanics"]["rebalance"]["assignor"] == "cooperative"
     assert mapping["mechanics"]["commit"]["interval_s"] == 2.0
     assert mapping["mechanics"]["metrics"]["exporter_interval_s"] == 0.0  # decided on the tick's own sample
-    assert mapping["mechanics"]["partitions"] == {"enabled": True, "skew": "uniform"}
+    assert mapping["mechanics"]["partitions"] == {"enabled": True, "order": "fetch", "skew": "uniform"}
     assert mapping["policies"] == [policy_settings(step, "docstream")]
     assert "mechanics" not in scenario_mapping(step, "reactive", mechanics=False)
     replayed = scenario_mapping(step, "reactive", timestamps=[0.5], service_times=[0.1234567, 0.5])
     assert replayed["service"] == {"kind": "samples", "values_s": [0.123457, 0.5], "order": "arrival"}
+    keyed = scenario_mapping(step, "reactive", timestamps=[0.5, 1.0], partitions=[3, 11])
+    want = {"enabled": True, "order": "fetch", "skew": "replay", "values": [3, 11]}
+    assert keyed["mechanics"]["partitions"] == want
+    assert parse_scenario(keyed).mechanics.partitions.values == (3, 11)  # type: ignore[union-attr]
 
 
 def test_the_real_autoscaler_runs_the_simulators_docstream_policy() -> None:
