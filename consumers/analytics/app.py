@@ -434,7 +434,7 @@ def make_app(
             logger.debug("unstick: no high watermarks this round: %r", exc)
             return
         behind = positions.stuck(
-            {where: end for where, end in ends.items() if where[0] in by_topic}, time.time()
+            {where: end for where, end in ends.items() if where[0] in by_topic}, time.monotonic()
         )
         for (topic, partition), offset in sorted(behind.items()):
             logger.warning(

@@ -121,9 +121,10 @@ class Positions:
     def expected(self, topic: str, partition: int) -> int | None:
         """The next offset the agent should be handed of the partition (None: not known yet)."""
         where = (topic, partition)
-        if where in self._next:
+        if where in self._next:  # after the last record handed over
             return self._next[where]
-        start = self._committed(topic, partition)
+        start = self._committed(topic, partition)  # the first since the assignment: where faust sought
+        # faust keeps none: where the group's client started (`assigned`)
         return start if start is not None else self._starts.get(where)
 
     def stuck(self, ends: Mapping[tuple[str, int], int | None], now: float) -> dict[tuple[str, int], int]:
@@ -181,11 +182,7 @@ class Positions:
 
     async def skipped(self, record: Record) -> list[Record]:
         """The records of `record`'s partition between the next expected offset and it."""
-        start = self._next.get((record.topic, record.partition))
-        if start is None:  # the first record since the partition was assigned: where faust sought
-            start = self._committed(record.topic, record.partition)
-        if start is None:  # faust keeps none: where the group's client started (`assigned`)
-            start = self._starts.get((record.topic, record.partition))
+        start = self.expected(record.topic, record.partition)
         if start is None and (record.topic, record.partition) in self._unknown:  # `assigned` could not
             where = [(record.topic, record.partition)]
             found = await asyncio.get_running_loop().run_in_executor(None, self._group_starts, where)
