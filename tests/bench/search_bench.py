@@ -354,8 +354,12 @@ def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
                 "target": None,
                 "p50_ms": round(figures[f"{label}_p50_ms"], 1),
                 "engine_p50_ms": round(figures[f"{label}_engine_p50_ms"], 1),
-                "objective": f"p95 < {P95_OBJECTIVE_MS:g} ms: "
-                + ("met" if p95 < P95_OBJECTIVE_MS else "NOT met"),
+                # the objective is the tenant's search (the API's); all tenants has none
+                **(
+                    {"objective": f"p95 < {P95_OBJECTIVE_MS:g} ms", "met": p95 < P95_OBJECTIVE_MS}
+                    if label == "tenant"
+                    else {}
+                ),
                 **common,
             }
         )

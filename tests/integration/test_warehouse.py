@@ -39,6 +39,7 @@ from consumers.warehouse.rows import (
 )
 from consumers.warehouse.sink import SinkTopics, WarehouseSink, warehouse_insert
 from consumers.warehouse.store import Warehouse
+from consumers.warehouse.vector_index import index_round
 from docstream.blobstore import BlobStore
 from docstream.cli import app
 from docstream.cli.warehouse import DDL_DIR
@@ -265,6 +266,8 @@ def test_sql_answers_a_select_as_json_and_refuses_an_insert(warehouse_url: str) 
 
 
 def test_search_ranks_the_chunk_that_answers_a_paraphrased_question_first(warehouse_url: str) -> None:
+    """On either engine: the chunks read before any index round, through the index after one, and
+    by the exact scan rank alike (on a ClickHouse server this is 006's index on the server)."""
     model = EmbeddingModel(("CPUExecutionProvider",))
     texts = [
         "The invoice total of 4,200 euros is due within thirty days of delivery.",
@@ -289,13 +292,21 @@ def test_search_ranks_the_chunk_that_answers_a_paraphrased_question_first(wareho
         ]  # what makes them current
         warehouse.insert(STAGE_RESULTS, results, STAGE_RESULT_COLUMNS)
 
-    found = invoke(
-        warehouse_url, "search", "when do I have to pay the bill?", "-k", "2", "--tenant", "acme", "--json"
-    )
-    assert found.exit_code == 0, found.output
-    hits = json.loads(found.stdout)
-    assert [(h["document_id"], h["page"]) for h in hits] == [("doc-7", 1), ("doc-7", hits[1]["page"])]
-    assert hits[0]["snippet"].startswith("The invoice total") and hits[0]["score"] > hits[1]["score"]
+    question = ("search", "when do I have to pay the bill?", "-k", "2", "--tenant", "acme", "--json")
+    answers = {}
+    # not indexed yet (read exactly from chunks), then through the vector index after a round
+    # (006's HNSW index, on either engine), and by the full scan: the same answer each way
+    for way, extra in (("not indexed", ()), ("indexed", ()), ("exact", ("--exact",))):
+        if way == "indexed":
+            with Warehouse(warehouse_url) as warehouse:
+                assert index_round(warehouse, settle_s=0).rows == 6  # both tenants' 3 chunks
+        found = invoke(warehouse_url, *question, *extra)
+        assert found.exit_code == 0, found.output
+        hits = json.loads(found.stdout)
+        assert [(h["document_id"], h["page"]) for h in hits] == [("doc-7", 1), ("doc-7", hits[1]["page"])]
+        assert hits[0]["snippet"].startswith("The invoice total") and hits[0]["score"] > hits[1]["score"]
+        answers[way] = [(h["page"], round(h["score"], 4)) for h in hits]
+    assert answers["not indexed"] == answers["indexed"] == answers["exact"]
 
 
 def test_a_second_data_directory_in_one_process_is_a_configuration_error(tmp_path: Path) -> None:
