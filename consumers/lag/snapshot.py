@@ -82,6 +82,17 @@ class GroupLag:
     def topics(self) -> list[str]:
         return sorted({p.topic for p in self.partitions})
 
+    def time_lag_by_topic(self) -> dict[str, float | None]:
+        """Per topic the group reads, its largest partition time lag (None when none is known)."""
+        found: dict[str, float | None] = {}
+        for p in self.partitions:
+            known = found.get(p.topic)
+            if p.time_lag_s is not None and (known is None or p.time_lag_s > known):
+                found[p.topic] = p.time_lag_s
+            else:
+                found.setdefault(p.topic, None)
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: statuses by name; an infinite backlog is null with `backlog_unbounded` true."""
         decision = self.decision

@@ -266,6 +266,7 @@ class ApiService:
                     entry.update(
                         lag=found.lag,
                         time_lag_s=found.max_time_lag_s,
+                        time_lag_by_topic_s=found.time_lag_by_topic(),
                         status=found.status.name,
                         members=found.members,
                         completion_rate=found.completion_rate,

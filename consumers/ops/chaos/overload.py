@@ -133,9 +133,12 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
         )
         lags: dict[str, float] = {}
         peaks_at: dict[str, float] = {}
+        by_topic: dict[str, dict[str, float]] = {}
         stop = threading.Event()
         began = time.monotonic()
-        watcher = threading.Thread(target=_watch_health, args=(url, lags, peaks_at, began, stop), daemon=True)
+        watcher = threading.Thread(
+            target=_watch_health, args=(url, lags, peaks_at, by_topic, began, stop), daemon=True
+        )
         watcher.start()
         answers = _offer(url, keys, offered, config.duration_s)
         sent_per_s = len(answers) / max(1e-9, time.monotonic() - began)
@@ -171,7 +174,7 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             accepted_wait_s=_quantiles(waits),
             max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
             retry_after_s=_quantiles(retry_after, ("p50", "max")),
-            details={"max_time_lag_at_s": dict(peaks_at)},
+            details={"max_time_lag_at_s": dict(peaks_at), "max_time_lag_by_topic_s": by_topic},
         )
         (folder / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
         return report
@@ -306,10 +309,17 @@ def failures(answers: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _watch_health(
-    url: str, lags: dict[str, float], peaks_at: dict[str, float], began: float, stop: threading.Event
+    url: str,
+    lags: dict[str, float],
+    peaks_at: dict[str, float],
+    by_topic: dict[str, dict[str, float]],
+    began: float,
+    stop: threading.Event,
 ) -> None:
-    """Each group's largest time lag in the API's health samples (`lags`), and when it came
-    (`peaks_at`: seconds from the start of the offer; negative: before it, in the probe's drain)."""
+    """Each group's largest time lag in the API's health samples (`lags`), when it came
+    (`peaks_at`: seconds from the start of the offer; negative: before it, in the probe's drain),
+    and its largest on each topic it reads (`by_topic`: a group reading two topics, as embeddings
+    reads doc.uploaded and doc.ocr.done, shows which one it fell behind on)."""
     while not stop.wait(HEALTH_EVERY_S):
         try:
             groups = requests.get(f"{url}/health", timeout=5).json().get("groups", {})
@@ -319,6 +329,10 @@ def _watch_health(
             if entry.get("time_lag_s") is not None and float(entry["time_lag_s"]) > lags.get(name, 0.0):
                 lags[name] = float(entry["time_lag_s"])
                 peaks_at[name] = round(time.monotonic() - began, 1)
+            topics = by_topic.setdefault(name, {})
+            for topic, lag in (entry.get("time_lag_by_topic_s") or {}).items():
+                if lag is not None and float(lag) > topics.get(topic, 0.0):
+                    topics[topic] = round(float(lag), 1)
 
 
 def _drain(settings: Settings, ids: list[str], timeout: float) -> tuple[int, list[float]]:
