@@ -481,12 +481,8 @@ class Worker:
         """Pause or resume fetching as `Flow` decides; read unreadable retry gates again."""
         now, in_flight = self._now_ms(), self._offsets.in_flight
         change = self._flow.update(in_flight, now)
-        if change is Change.PAUSE:
-            self._partitions.pause_all(True)
-        elif change is Change.RESUME:  # the partitions below their share first (partitions.py)
-            self._partitions.resume_fair(self._offsets.pending, self._flow.window)
-        elif self._partitions.waiting and not self._flow.paused:
-            self._partitions.release(self._offsets.pending, self._flow.window)
+        if change is not None:
+            self._partitions.pause_all(change is Change.PAUSE)
         if self._partitions.gates.due(now) and self._watch.state().reachable:
             self._partitions.read_gates()
         if self._rebalance_retries:

@@ -60,10 +60,6 @@ class Offsets:
         self._segments.setdefault(tp, deque()).append(segment)
         return segment
 
-    def pending(self, tp: TP) -> int:
-        """`tp`'s events in flight (admitted, not settled)."""
-        return sum(segment.pending for segment in self._segments.get(tp, ()))
-
     def admitted(self, count: int) -> None:
         self.in_flight += count
 

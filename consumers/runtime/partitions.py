@@ -4,19 +4,9 @@ A worker reads its group's source topics with one consumer and `<group>.retry` w
 is assigned exactly the retry partitions whose numbers match the source partitions of the first
 topic that the group consumer was assigned (so the owner of a key also owns its retries). Every
 call on the consumers that names partitions goes through `Partitions`: the assignment follows the
-group's rebalances (`assign`, `unassign`), pauses come from flow control (`pause_all`,
-`resume_fair`, `release`) and from the retry gates (consumers.runtime.gates: a source partition
-waits until its retry partition is read), offsets are stored and committed on the consumer that
-reads them.
-
-Fair turns. A pause purges what librdkafka had fetched ahead, and after a resume the window's room
-goes to the partitions whose fetches come back first; a partition whose leader answers later lost
-that race again and again (measured under `docstream overload`: one of the embeddings worker's
-partitions got nothing for 45 s while the other two were served, and its documents waited 86 s
-against a 30 s objective, which the admission's per-partition prediction cannot see). So a resume
-is fair: a source partition that still has its share of the window in flight (the window over the
-source partitions assigned) waits, paused, and is resumed (`release`) as soon as it is below its
-share; the others are resumed at once and get the room first.
+group's rebalances (`assign`, `unassign`), pauses come from flow control (`pause_all`) and from the
+retry gates (consumers.runtime.gates: a source partition waits until its retry partition is read),
+offsets are stored and committed on the consumer that reads them.
 """
 
 from __future__ import annotations
@@ -60,7 +50,6 @@ class Partitions:
         self.consumer, self.retries = consumer, retries
         self.assigned, self._flow, self._now_ms = assigned, flow, now_ms
         self.gates = Gates()
-        self.waiting: set[TP] = set()  # source partitions a fair resume left paused (their share in flight)
 
     def reader(self, topic: str) -> ConsumerClient:
         """The consumer that reads `topic`."""
@@ -105,7 +94,6 @@ class Partitions:
         """Forget `revoked` and the gates of `numbers`; hand the retry partitions back (the group
         consumer's own: `unassign_group`). Idempotent, as `assign`."""
         self.assigned -= revoked
-        self.waiting -= revoked
         self.gates.drop(numbers)
         if numbers:
             _unassign(self.retries, [TopicPartition(self.retry_topic, n) for n in numbers])
@@ -149,61 +137,22 @@ class Partitions:
     def _gate_opened(self, number: int) -> None:
         """Resume the source partitions with this number, unless flow control holds them."""
         if not self._flow.paused:
-            parts = [
-                TopicPartition(t, p)
-                for t, p in self.assigned
-                if t in self.topics and p == number and (t, p) not in self.waiting
-            ]
+            parts = [TopicPartition(t, p) for t, p in self.assigned if t in self.topics and p == number]
             self.consumer.resume(parts)
 
     # -- fetching ---------------------------------------------------------------------------
 
     def pause_all(self, paused: bool) -> None:
-        """Pause every assigned partition, or resume those no retry gate holds and no fair resume
-        left waiting."""
-        if paused:
-            self.waiting.clear()  # all paused: a later resume decides again
+        """Pause every assigned partition, or resume those no retry gate holds."""
         for consumer in (self.consumer, self.retries):
             parts = [TopicPartition(t, p) for t, p in self.assigned if self._owns(consumer, t)]
             if not paused:
-                parts = [
-                    tp
-                    for tp in parts
-                    if tp.topic == self.retry_topic
-                    or (tp.partition not in self.gates and (tp.topic, tp.partition) not in self.waiting)
-                ]
+                parts = [tp for tp in parts if tp.topic == self.retry_topic or tp.partition not in self.gates]
             if parts:
                 try:
                     (consumer.pause if paused else consumer.resume)(parts)
                 except KafkaException as exc:  # a full window's fetches are rewound anyway (loop._poll)
                     log.debug("%s: %s failed: %s", self.group_id, "pause" if paused else "resume", exc)
-
-    def share(self, window: int) -> int:
-        """A source partition's share of a `window` of events in flight."""
-        return max(1, window // max(1, sum(1 for t, _ in self.assigned if t in self.topics)))
-
-    def resume_fair(self, in_flight: Callable[[TP], int], window: int) -> None:
-        """Resume fetching (module docstring, "Fair turns"): the source partitions with their
-        share of `window` or more still `in_flight` wait, paused, until `release` finds them
-        below it; every other partition is resumed now."""
-        share = self.share(window)
-        self.waiting = {(t, p) for t, p in self.assigned if t in self.topics and in_flight((t, p)) >= share}
-        self.pause_all(False)
-
-    def release(self, in_flight: Callable[[TP], int], window: int) -> None:
-        """Resume the waiting partitions that are below their share now (flow control is not
-        pausing: the caller checks)."""
-        share = self.share(window)
-        ready = {tp for tp in self.waiting if in_flight(tp) < share}
-        if not ready:
-            return
-        self.waiting -= ready
-        parts = [TopicPartition(t, p) for t, p in sorted(ready) if p not in self.gates]
-        if parts:
-            try:
-                self.consumer.resume(parts)
-            except KafkaException as exc:
-                log.debug("%s: resume failed: %s", self.group_id, exc)
 
     def rewind(self, raw: Consumed, via_retry: bool) -> None:
         """Read a fetched message again later."""

@@ -564,47 +564,6 @@ def test_a_window_that_stays_full_pauses_fetching_until_it_is_down_to_three_quar
     assert seen[2][:2] == (8, 6), "resumed at 6 of 8"
 
 
-def test_a_resume_gives_the_room_to_the_partition_with_less_in_flight_first() -> None:
-    """A pause drops what was fetched ahead; at the resume, whichever partition's fetch comes
-    back first would take the room again (here the fake serves partition 0 first, always), and
-    partition 1 would wait until partition 0 is drained. A fair resume lets the partition with
-    its share of the window in flight wait for the others."""
-    cluster = Cluster(partitions=2)
-    for i in range(40):
-        cluster.publish(b"a%d" % i, b"a", partition=0)
-        cluster.publish(b"b%d" % i, b"b", partition=1)
-    held: list[Callable[[BaseException | None], None]] = []
-    handled: list[int] = []
-
-    def handle(message: Any, ctx: Context) -> None:
-        handled.append(message.partition())
-        held.append(ctx.defer())
-
-    pauses = [0]
-
-    def until(stats: RunStats) -> bool:
-        seen = sum(
-            1 for entry in cluster.timeline if entry[:2] == ("pause", GROUP) and (SOURCE, 0) in entry[2]
-        )
-        if seen > pauses[0]:  # the window stayed full: the oldest two finish, down to 6 of 8
-            pauses[0] = seen
-            for done in held[:2]:
-                done(None)
-            del held[:2]
-        if len(handled) >= 24:
-            for done in held:
-                done(None)
-            held.clear()
-            return True
-        return False
-
-    run(worker(cluster, handle, max_in_flight=8), until)
-    first = handled[:24]
-    assert first[:8] == [0] * 8, "the first fetch: partition 0's"
-    assert first.count(1) >= 8, f"partition 1 served in turn, not after partition 0's 40: {first}"
-    assert 1 in first[8:12], "at the first resume, the room went to partition 1 (nothing in flight)"
-
-
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_every_message_is_handled_once_and_committed_with_one_or_more_lanes(lanes: int) -> None:
     cluster = Cluster(partitions=2, batch=7)
