@@ -86,11 +86,9 @@ class GroupLag:
         """Per topic the group reads, its largest partition time lag (None when none is known)."""
         found: dict[str, float | None] = {}
         for p in self.partitions:
-            known = found.get(p.topic)
+            known = found.setdefault(p.topic, None)
             if p.time_lag_s is not None and (known is None or p.time_lag_s > known):
                 found[p.topic] = p.time_lag_s
-            else:
-                found.setdefault(p.topic, None)
         return found
 
     def to_dict(self) -> dict[str, Any]:

@@ -174,7 +174,12 @@ def run_overload(work: Path, config: OverloadConfig, say: Callable[[str], None] 
             accepted_wait_s=_quantiles(waits),
             max_time_lag_s={g: round(v, 1) for g, v in lags.items()},
             retry_after_s=_quantiles(retry_after, ("p50", "max")),
-            details={"max_time_lag_at_s": dict(peaks_at), "max_time_lag_by_topic_s": by_topic},
+            details={
+                "max_time_lag_at_s": dict(peaks_at),
+                "max_time_lag_by_topic_s": {
+                    g: {t: round(v, 1) for t, v in topics.items()} for g, topics in by_topic.items()
+                },
+            },
         )
         (folder / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
         return report
@@ -332,7 +337,7 @@ def _watch_health(
             topics = by_topic.setdefault(name, {})
             for topic, lag in (entry.get("time_lag_by_topic_s") or {}).items():
                 if lag is not None and float(lag) > topics.get(topic, 0.0):
-                    topics[topic] = round(float(lag), 1)
+                    topics[topic] = float(lag)
 
 
 def _drain(settings: Settings, ids: list[str], timeout: float) -> tuple[int, list[float]]:
